@@ -1,0 +1,1 @@
+"""SGLang-compatible engine simulator for GPU-less tests."""

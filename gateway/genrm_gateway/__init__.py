@@ -1,0 +1,1 @@
+"""Gateway sidecar: the only ingress of a GenRM replica pod."""

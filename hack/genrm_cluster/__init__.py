@@ -1,0 +1,1 @@
+"""Local control plane and node agent built from Go modules (no Docker)."""

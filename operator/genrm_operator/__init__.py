@@ -1,0 +1,1 @@
+"""GenRMPool operator: API models, functional core and kopf shell."""
