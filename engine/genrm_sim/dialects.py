@@ -1,0 +1,214 @@
+"""The three request/response shapes the engine speaks: SGLang native, OpenAI chat, OpenAI completions.
+
+Why: a judge client may use any of them and the gateway proxies all three, so the simulator must
+reproduce each one's field names, defaults and streaming framing; the generation underneath is
+shared.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+from genrm_sim.answers import DEFAULT_MAX_NEW_TOKENS, SamplingParams
+
+JSON = dict[str, Any]
+
+# SGLang's documented default when --enable-deterministic-inference is on and no seed is given.
+DETERMINISTIC_DEFAULT_SEED = 42
+
+
+class BadRequest(ValueError):
+    """The body does not describe a request this API accepts (HTTP 400)."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """One parsed request: what to answer and how to frame the answer."""
+
+    rid: str | None
+    prompt: object
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    model: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The finished (or partial) generation that a response reports."""
+
+    rid: str
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def _number(body: JSON, name: str, default: float) -> float:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadRequest(f"{name} must be a number")
+    return float(value)
+
+
+def _seed(value: object, deterministic: bool) -> int | None:
+    if value is None:
+        return DETERMINISTIC_DEFAULT_SEED if deterministic else None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest("the sampling seed must be an integer")
+    return value
+
+
+def _rid(body: JSON) -> str | None:
+    rid = body.get("rid")
+    return rid if isinstance(rid, str) else None
+
+
+class Dialect(ABC):
+    """Parses requests and renders responses for one route."""
+
+    @abstractmethod
+    def parse(self, body: JSON, model: str, deterministic: bool) -> Call: ...
+
+    @abstractmethod
+    def response(self, call: Call, outcome: Outcome) -> JSON: ...
+
+    @abstractmethod
+    def chunk(self, call: Call, outcome: Outcome, delta: str) -> JSON: ...
+
+    def closing_chunks(self, call: Call, outcome: Outcome) -> list[JSON]:
+        """Chunks sent after the last token, before ``[DONE]``."""
+        return []
+
+
+class NativeGenerate(Dialect):
+    """SGLang ``/generate``: ``text``/``input_ids`` + ``sampling_params``; streams cumulative text."""
+
+    def parse(self, body: JSON, model: str, deterministic: bool) -> Call:
+        prompt = body.get("text", body.get("input_ids"))
+        if prompt is None:
+            raise BadRequest("either text or input_ids is required")
+        sampling = body.get("sampling_params") or {}
+        if not isinstance(sampling, dict):
+            raise BadRequest("sampling_params must be an object")
+        params = SamplingParams(
+            temperature=_number(sampling, "temperature", 1.0),
+            top_p=_number(sampling, "top_p", 1.0),
+            top_k=int(_number(sampling, "top_k", -1)),
+            max_new_tokens=int(_number(sampling, "max_new_tokens", DEFAULT_MAX_NEW_TOKENS)),
+            sampling_seed=_seed(sampling.get("sampling_seed"), deterministic),
+        )
+        return Call(_rid(body), prompt, params, bool(body.get("stream")), False, model)
+
+    def response(self, call: Call, outcome: Outcome) -> JSON:
+        return {"text": outcome.text, "meta_info": self._meta(outcome)}
+
+    def chunk(self, call: Call, outcome: Outcome, delta: str) -> JSON:
+        return {"text": outcome.text, "meta_info": self._meta(outcome)}
+
+    @staticmethod
+    def _meta(outcome: Outcome) -> JSON:
+        finish = None if outcome.finish_reason is None else {"type": outcome.finish_reason}
+        return {
+            "id": outcome.rid,
+            "finish_reason": finish,
+            "prompt_tokens": outcome.prompt_tokens,
+            "completion_tokens": outcome.completion_tokens,
+            "cached_tokens": 0,
+        }
+
+
+class _OpenAI(Dialect):
+    """Fields shared by the OpenAI-compatible routes."""
+
+    object_name: str
+    chunk_object_name: str
+    default_max_tokens: int
+
+    def parse(self, body: JSON, model: str, deterministic: bool) -> Call:
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        params = SamplingParams(
+            temperature=_number(body, "temperature", 1.0),
+            top_p=_number(body, "top_p", 1.0),
+            top_k=int(_number(body, "top_k", -1)),
+            max_new_tokens=int(max_tokens) if isinstance(max_tokens, int) else self.default_max_tokens,
+            sampling_seed=_seed(body.get("seed", body.get("sampling_seed")), deterministic),
+        )
+        options = body.get("stream_options") or {}
+        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        return Call(_rid(body), self.prompt(body), params, bool(body.get("stream")), include_usage, model)
+
+    @abstractmethod
+    def prompt(self, body: JSON) -> object: ...
+
+    @abstractmethod
+    def choice(self, text: str, finish_reason: str | None, streaming: bool) -> JSON: ...
+
+    def _envelope(self, call: Call, outcome: Outcome, object_name: str, choices: list[JSON]) -> JSON:
+        return {
+            "id": outcome.rid,
+            "object": object_name,
+            "created": int(time.time()),
+            "model": call.model,
+            "choices": choices,
+        }
+
+    @staticmethod
+    def _usage(outcome: Outcome) -> JSON:
+        return {
+            "prompt_tokens": outcome.prompt_tokens,
+            "completion_tokens": outcome.completion_tokens,
+            "total_tokens": outcome.prompt_tokens + outcome.completion_tokens,
+        }
+
+    def response(self, call: Call, outcome: Outcome) -> JSON:
+        choice = self.choice(outcome.text, outcome.finish_reason, streaming=False)
+        return self._envelope(call, outcome, self.object_name, [choice]) | {"usage": self._usage(outcome)}
+
+    def chunk(self, call: Call, outcome: Outcome, delta: str) -> JSON:
+        choice = self.choice(delta, outcome.finish_reason, streaming=True)
+        return self._envelope(call, outcome, self.chunk_object_name, [choice])
+
+    def closing_chunks(self, call: Call, outcome: Outcome) -> list[JSON]:
+        finish = self.chunk(call, outcome, "")
+        if not call.include_usage:
+            return [finish]
+        return [finish, self._envelope(call, outcome, self.chunk_object_name, []) | {
+            "usage": self._usage(outcome)}]
+
+
+class ChatCompletions(_OpenAI):
+    object_name = "chat.completion"
+    chunk_object_name = "chat.completion.chunk"
+    default_max_tokens = DEFAULT_MAX_NEW_TOKENS
+
+    def prompt(self, body: JSON) -> object:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("messages must be a non-empty list")
+        return messages
+
+    def choice(self, text: str, finish_reason: str | None, streaming: bool) -> JSON:
+        message = {"role": "assistant", "content": text}
+        key = "delta" if streaming else "message"
+        return {"index": 0, key: message, "logprobs": None, "finish_reason": finish_reason}
+
+
+class Completions(_OpenAI):
+    object_name = "text_completion"
+    chunk_object_name = "text_completion"
+    default_max_tokens = 16
+
+    def prompt(self, body: JSON) -> object:
+        prompt = body.get("prompt")
+        if prompt is None:
+            raise BadRequest("prompt is required")
+        return prompt
+
+    def choice(self, text: str, finish_reason: str | None, streaming: bool) -> JSON:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}

@@ -1,0 +1,109 @@
+"""SGLang's Prometheus series (``sglang:`` prefix), so dashboards and the autoscaler see one schema.
+
+Why: the gateway re-exports the engine's load and the autoscaler reads it; both must work the same
+against the simulator and real SGLang, so names, types and the ``model_name`` label follow SGLang.
+Gauges are computed at scrape time from the scheduler, so the request path pays nothing for them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from genrm_sim.config import SimConfig
+
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                    7.5, 10.0, 15.0, 20.0, 30.0, 40.0, 60.0, 120.0, 400.0)
+
+
+class LoadView(Protocol):
+    """What the gauges read from the scheduler."""
+
+    @property
+    def running(self) -> int: ...
+    @property
+    def queued(self) -> int: ...
+    @property
+    def used_tokens(self) -> int: ...
+
+
+class FinishedJob(Protocol):
+    prompt_tokens: int
+    generated: int
+
+
+class _LoadCollector(Collector):
+    def __init__(self, load: LoadView, config: SimConfig, metrics: SimMetrics) -> None:
+        self._load = load
+        self._config = config
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        model = self._config.served_model_name
+        used = self._load.used_tokens
+        values = {
+            "num_running_reqs": ("Requests in the running batch", self._load.running),
+            "num_queue_reqs": ("Requests in the waiting queue", self._load.queued),
+            "num_used_tokens": ("KV-cache tokens in use", used),
+            "max_total_num_tokens": ("KV-cache token pool size", self._config.max_total_tokens),
+            "token_usage": ("KV-cache usage fraction", used / self._config.max_total_tokens),
+            "gen_throughput": ("Decode throughput in tokens per second", self._metrics.throughput()),
+        }
+        for name, (doc, value) in values.items():
+            family = GaugeMetricFamily(f"sglang:{name}", doc, labels=["model_name"])
+            family.add_metric([model], float(value))
+            yield family
+
+
+class SimMetrics:
+    """The simulator's registry: request counters and latency histograms plus load gauges."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self._config = config
+        self.registry = CollectorRegistry()
+        labels = {"model_name": config.served_model_name}
+
+        def histogram(name: str, doc: str) -> Histogram:
+            return Histogram(f"sglang:{name}", doc, ["model_name"], registry=self.registry,
+                             buckets=_LATENCY_BUCKETS).labels(**labels)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(f"sglang:{name}", doc, ["model_name"], registry=self.registry).labels(**labels)
+
+        self.time_to_first_token = histogram("time_to_first_token_seconds", "Time to first token")
+        self.e2e_request_latency = histogram("e2e_request_latency_seconds", "End-to-end request latency")
+        self.queue_time = histogram("queue_time_seconds", "Time spent in the waiting queue")
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens processed")
+        self.generation_tokens = counter("generation_tokens", "Tokens generated")
+        self.num_requests = counter("num_requests", "Requests finished")
+        self._generated = 0
+        self._rate_mark = (time.monotonic(), 0)
+        self._rate = 0.0
+
+    def watch(self, load: LoadView) -> None:
+        """Export the scheduler's live load as gauges."""
+        self.registry.register(_LoadCollector(load, self._config, self))
+
+    def finished(self, job: FinishedJob, seconds: float) -> None:
+        self.e2e_request_latency.observe(seconds)
+        self.prompt_tokens.inc(job.prompt_tokens)
+        self.generation_tokens.inc(job.generated)
+        self.num_requests.inc()
+        self._generated += job.generated
+
+    def throughput(self) -> float:
+        """Tokens per second since the previous estimate at least a second ago."""
+        now = time.monotonic()
+        mark_time, mark_tokens = self._rate_mark
+        if now - mark_time >= 1.0:
+            self._rate = (self._generated - mark_tokens) / (now - mark_time)
+            self._rate_mark = (now, self._generated)
+        return self._rate
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

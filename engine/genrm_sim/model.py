@@ -1,0 +1,123 @@
+"""The engine's timing model: warm-up, a bounded running batch with a queue, TTFT and ITL.
+
+Why: the gateway's drain and the autoscaler both read the engine's load (running and queued
+requests, KV usage), and tests need requests that are provably in flight. The model is therefore
+a real scheduler over asyncio tasks, not a fixed sleep, and it knows each request by its ``rid``
+so ``/abort_request`` works like SGLang's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from genrm_sim.answers import Answer
+from genrm_sim.config import SimConfig
+from genrm_sim.metrics import SimMetrics
+
+
+@dataclass
+class Job:
+    """One generation request while the scheduler knows it."""
+
+    rid: str
+    prompt_tokens: int
+    answer: Answer
+    generated: int = 0
+    aborted: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Scheduler:
+    """Admits jobs into at most ``max_running`` slots and paces their tokens."""
+
+    def __init__(self, config: SimConfig, metrics: SimMetrics) -> None:
+        self._config = config
+        self._metrics = metrics
+        self._slots = asyncio.Semaphore(config.max_running)
+        self._jobs: dict[str, Job] = {}
+        self._running = 0
+        self._started = time.monotonic()
+        self._served = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.exiting = False
+
+    @property
+    def warm(self) -> bool:
+        return time.monotonic() - self._started >= self._config.startup_seconds
+
+    @property
+    def running(self) -> int:
+        return self._running
+
+    @property
+    def queued(self) -> int:
+        return len(self._jobs) - self._running
+
+    @property
+    def used_tokens(self) -> int:
+        return sum(job.prompt_tokens + job.generated for job in self._jobs.values())
+
+    async def wait_idle(self) -> None:
+        await self._idle.wait()
+
+    def abort(self, rid: str | None, abort_all: bool = False) -> int:
+        """Abort one job (or all); returns how many were found."""
+        victims = list(self._jobs.values()) if abort_all else [j for j in [self._jobs.get(rid or "")] if j]
+        for job in victims:
+            job.aborted.set()
+        return len(victims)
+
+    async def generate(self, job: Job) -> AsyncIterator[str]:
+        """Yield the job's tokens at the modelled pace; stops early (no error) when aborted."""
+        if job.rid in self._jobs:
+            job.rid = f"{job.rid}-{id(job):x}"
+        self._jobs[job.rid] = job
+        self._idle.clear()
+        arrived = time.monotonic()
+        try:
+            async with self._slots:
+                self._running += 1
+                try:
+                    self._metrics.queue_time.observe(time.monotonic() - arrived)
+                    async for token in self._paced(job, arrived):
+                        yield token
+                finally:
+                    self._running -= 1
+        finally:
+            del self._jobs[job.rid]
+            if not self._jobs:
+                self._idle.set()
+            self._metrics.finished(job, time.monotonic() - arrived)
+
+    async def _paced(self, job: Job, arrived: float) -> AsyncIterator[str]:
+        self._served += 1
+        crash_after = self._config.crash_after
+        if self._config.hang:
+            await job.aborted.wait()
+            return
+        if not await self._pause(job, self._config.ttft_ms):
+            return
+        if crash_after is not None and self._served > crash_after:
+            print(f"genrm-sim: injected crash after {crash_after} requests", file=sys.stderr, flush=True)
+            os._exit(1)
+        for index, token in enumerate(job.answer.tokens):
+            if index == 0:
+                self._metrics.time_to_first_token.observe(time.monotonic() - arrived)
+            elif not await self._pause(job, self._config.itl_ms):
+                return
+            job.generated += 1
+            yield token
+
+    @staticmethod
+    async def _pause(job: Job, milliseconds: float) -> bool:
+        """Sleep unless aborted meanwhile; returns whether the job should go on."""
+        if milliseconds > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(job.aborted.wait(), milliseconds / 1000.0)
+        return not job.aborted.is_set()
