@@ -1,0 +1,39 @@
+"""``genrm-operator``: run the GenRMPool operator (kopf) with a Prometheus endpoint."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+import kopf
+from prometheus_client import start_http_server
+
+from .shell import handlers
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse flags and run until interrupted."""
+    parser = argparse.ArgumentParser(prog="genrm-operator", description=__doc__)
+    parser.add_argument("-n", "--namespace", action="append", default=[],
+                        help="watch only this namespace (repeatable); default: all namespaces")
+    parser.add_argument("--metrics-port", type=int, default=8080, help="Prometheus /metrics port (0: off)")
+    parser.add_argument("--metrics-host", default="0.0.0.0", help="address of the /metrics listener")
+    parser.add_argument("--liveness", default="http://0.0.0.0:8081/healthz", help="kopf liveness endpoint")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.metrics_port:
+        start_http_server(args.metrics_port, addr=args.metrics_host)
+    assert handlers.RECONCILERS is not None  # handlers registered on import
+    asyncio.run(kopf.operator(
+        standalone=True,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+        liveness_endpoint=args.liveness,
+    ))
+
+
+if __name__ == "__main__":
+    main()

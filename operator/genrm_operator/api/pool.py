@@ -1,0 +1,78 @@
+"""The GenRMPool resource: spec and status roots."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from .base import ApiModel, cel, validations
+from .spec import (
+    IMMUTABLE_HINT,
+    DisruptionBudgetSpec,
+    DrainSpec,
+    EngineSpec,
+    GatewaySpec,
+    ModelSpec,
+    ServiceSpec,
+    TemplateSpec,
+    VerificationSpec,
+)
+from .status import Condition, HistoryEntry, Operation
+
+
+class GenRMPoolSpec(ApiModel):
+    """Desired state of a pool of identical GenRM judge replicas, one GPU pod each."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": validations(
+            cel("self.model == oldSelf.model", f"spec.model {IMMUTABLE_HINT}", ".model"),
+        )
+    }
+
+    replicas: int = Field(1, ge=0, le=10000)
+    """Number of serving replicas. Writable through the scale subresource (kubectl scale, HPA, KEDA)."""
+    model: ModelSpec
+    """The judge model."""
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    """SGLang engine settings."""
+    gateway: GatewaySpec = Field(default_factory=GatewaySpec)
+    """Gateway sidecar settings."""
+    drain: DrainSpec = Field(default_factory=DrainSpec)
+    """Scale-in drain settings."""
+    verification: VerificationSpec = Field(default_factory=VerificationSpec)
+    """Answer check before a new replica is published."""
+    template: TemplateSpec = Field(default_factory=TemplateSpec)
+    """Pod-level settings for replica pods."""
+    service: ServiceSpec = Field(default_factory=ServiceSpec)
+    """The pool's Service."""
+    disruption_budget: DisruptionBudgetSpec = Field(default_factory=DisruptionBudgetSpec)
+    """The pool's PodDisruptionBudget."""
+
+
+class GenRMPoolStatus(ApiModel):
+    """Observed state of the pool and its scale-operation state machine."""
+
+    observed_generation: int = Field(0, ge=0)
+    """The spec generation this status was computed from."""
+    replicas: int = Field(0, ge=0)
+    """Replica pods that exist and are not terminating (scale subresource)."""
+    ready_replicas: int = Field(0, ge=0)
+    """Replica pods whose gateway reports ready."""
+    serving_replicas: int = Field(0, ge=0)
+    """Replicas published for routing."""
+    draining_replicas: int = Field(0, ge=0)
+    """Replicas unpublished and draining or drained."""
+    selector: str = ""
+    """Label selector of the pool's pods, serialised (scale subresource)."""
+    next_ordinal: int = Field(0, ge=0)
+    """Ordinal of the next pod to create: pod names are never reused."""
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    """Available, Progressing, Degraded."""
+    operation: Operation | None = None
+    """The active scale operation, if any."""
+    operation_count: int = Field(0, ge=0)
+    """Operations started so far (ids are op-<n>)."""
+    history: list[HistoryEntry] = Field(default_factory=list)
+    """The last finished operations, newest last."""

@@ -1,0 +1,173 @@
+"""``GenRMPool.spec``: the desired state a user writes.
+
+Fields that change what a replica answers (model, engine image/command/args,
+seed, determinism, tensor parallelism) are immutable in v1alpha1: a reward
+model must never mix two judges in one pool, so those CEL transition rules tell
+the user to create a new pool instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from .base import ApiModel, cel, validations
+
+IMMUTABLE_HINT = "is immutable in v1alpha1 because it changes what the judge answers; create a new GenRMPool"
+OpaqueObject = dict[str, Any]
+"""A Kubernetes core type (EnvVar, Volume, Affinity...) passed through verbatim to the pod."""
+
+
+class ModelSpec(ApiModel):
+    """Which judge the pool serves."""
+
+    path: str = Field(min_length=1, max_length=1024)
+    """Model path or hub name given to SGLang as --model-path."""
+    served_name: str | None = Field(None, max_length=253)
+    """Name clients use in the OpenAI-compatible API (--served-model-name); defaults to the path."""
+    revision: str | None = Field(None, max_length=253)
+    """Model revision (branch, tag or commit) passed as --revision."""
+
+
+class EngineSpec(ApiModel):
+    """The SGLang engine container of every replica."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": validations(
+            cel("self.gpusPerReplica >= self.tensorParallelSize",
+                "gpusPerReplica must be at least tensorParallelSize", ".gpusPerReplica"),
+            cel("self.image == oldSelf.image", f"spec.engine.image {IMMUTABLE_HINT}", ".image"),
+            cel("self.command == oldSelf.command", f"spec.engine.command {IMMUTABLE_HINT}", ".command"),
+            cel("self.args == oldSelf.args", f"spec.engine.args {IMMUTABLE_HINT}", ".args"),
+            cel("self.extraArgs == oldSelf.extraArgs", f"spec.engine.extraArgs {IMMUTABLE_HINT}", ".extraArgs"),
+            cel("self.seed == oldSelf.seed", f"spec.engine.seed {IMMUTABLE_HINT}", ".seed"),
+            cel("self.deterministic == oldSelf.deterministic",
+                f"spec.engine.deterministic {IMMUTABLE_HINT}", ".deterministic"),
+            cel("self.tensorParallelSize == oldSelf.tensorParallelSize",
+                f"spec.engine.tensorParallelSize {IMMUTABLE_HINT}", ".tensorParallelSize"),
+        )
+    }
+
+    image: str = Field("lmsysorg/sglang:latest", min_length=1)
+    """Engine container image."""
+    command: list[str] = Field(default_factory=list)
+    """Overrides the launcher (default: python3 -m sglang.launch_server); the simulator uses [genrm-sim]."""
+    args: list[str] = Field(default_factory=list)
+    """Replaces the generated SGLang arguments entirely when not empty (advanced)."""
+    extra_args: list[str] = Field(default_factory=list)
+    """Extra SGLang arguments appended to the generated ones."""
+    seed: int = Field(42, ge=0, le=2**31 - 1)
+    """The single --random-seed every replica of the pool uses, so replicas answer identically."""
+    deterministic: bool = True
+    """Pass --enable-deterministic-inference so equal inputs give equal verdicts across replicas."""
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
+    """SGLang --tp-size."""
+    gpus_per_replica: int = Field(1, ge=0, le=64)
+    """nvidia.com/gpu requested and limited per replica pod."""
+    port: int = Field(30000, ge=1, le=65535)
+    """Engine port; the engine binds 127.0.0.1 so only the gateway sidecar can reach it."""
+    env: list[OpaqueObject] = Field(default_factory=list)
+    """Extra environment variables (core/v1 EnvVar) for the engine container."""
+    resources: OpaqueObject = Field(default_factory=dict)
+    """Engine container resources (core/v1 ResourceRequirements); the GPU limit is added."""
+    startup_timeout_seconds: int = Field(1800, ge=1)
+    """A replica not ready within this time after creation is replaced."""
+
+
+class GatewaySpec(ApiModel):
+    """The gateway sidecar: the pod's only ingress, counting in-flight requests."""
+
+    image: str = Field("genrm/gateway:0.1.0", min_length=1)
+    """Gateway container image."""
+    port: int = Field(8000, ge=1, le=65535)
+    """Port the gateway listens on (pod IP); the Service targets it."""
+    resources: OpaqueObject = Field(default_factory=dict)
+    """Gateway container resources (core/v1 ResourceRequirements)."""
+    max_request_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    """Requests with larger bodies are refused with 413."""
+
+
+class DrainSpec(ApiModel):
+    """How a scale-in victim is drained before it is deleted."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": validations(
+            cel("self.timeoutSeconds > self.propagationSeconds + self.quietSeconds",
+                "timeoutSeconds must exceed propagationSeconds + quietSeconds", ".timeoutSeconds"),
+        )
+    }
+
+    propagation_seconds: int = Field(5, ge=0, le=600)
+    """Time between unpublishing and fencing, for clients and endpoints to stop routing to the victim."""
+    quiet_seconds: int = Field(2, ge=0, le=600)
+    """The victim must be fenced, empty and its engine idle this long to count as drained."""
+    timeout_seconds: int = Field(300, ge=1, le=86400)
+    """Longest wait for a drain; should exceed the slowest judge request."""
+    on_timeout: Literal["Fail", "Force"] = "Fail"
+    """Fail keeps the victim fenced and fails the operation; Force deletes it anyway and records that."""
+
+
+class ProbeRequest(ApiModel):
+    """One fixed judge prompt used to verify a new replica."""
+
+    prompt: str = Field(min_length=1, max_length=65536)
+    """Judge prompt sent to /generate."""
+    max_new_tokens: int = Field(32, ge=1, le=4096)
+    """Output length of the probe."""
+
+
+class VerificationSpec(ApiModel):
+    """Cross-replica answer check before a new replica is published."""
+
+    enabled: bool = True
+    """Compare a new replica's answers with a serving replica's before publishing it."""
+    requests: list[ProbeRequest] = Field(default_factory=list, max_length=16)
+    """Probe prompts; empty means the operator's built-in judge prompts."""
+    sampling_seed: int = Field(1234, ge=0, le=2**31 - 1)
+    """Fixed sampling seed of the probes, so sampled answers are comparable."""
+    timeout_seconds: int = Field(30, ge=1, le=3600)
+    """Time allowed for one probe request."""
+
+
+class TemplateSpec(ApiModel):
+    """Pod-level settings copied into every replica pod."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node labels a replica pod requires."""
+    tolerations: list[OpaqueObject] = Field(default_factory=list)
+    """core/v1 Tolerations, e.g. for tainted GPU nodes."""
+    affinity: OpaqueObject = Field(default_factory=dict)
+    """core/v1 Affinity."""
+    priority_class_name: str | None = None
+    """PriorityClass of replica pods."""
+    image_pull_secrets: list[OpaqueObject] = Field(default_factory=list)
+    """core/v1 LocalObjectReferences to pull secrets."""
+    service_account_name: str | None = None
+    """ServiceAccount of replica pods."""
+    volumes: list[OpaqueObject] = Field(default_factory=list)
+    """Extra core/v1 Volumes (e.g. a model cache)."""
+    volume_mounts: list[OpaqueObject] = Field(default_factory=list)
+    """Extra core/v1 VolumeMounts for the engine container."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Extra labels on replica pods."""
+    annotations: dict[str, str] = Field(default_factory=dict)
+    """Extra annotations on replica pods."""
+
+
+class ServiceSpec(ApiModel):
+    """The pool's Service, which selects published replicas only."""
+
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
+    """Service type."""
+    port: int = Field(8000, ge=1, le=65535)
+    """Service port, forwarded to the gateway port."""
+
+
+class DisruptionBudgetSpec(ApiModel):
+    """PodDisruptionBudget guarding replicas against node drains."""
+
+    enabled: bool = True
+    """Create a PodDisruptionBudget for the pool."""
+    max_unavailable: int = Field(1, ge=0)
+    """Voluntary evictions allowed at once."""

@@ -1,0 +1,1 @@
+"""The functional core: pure decisions over observed state and time (no kopf, no Kubernetes)."""

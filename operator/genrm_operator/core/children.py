@@ -1,0 +1,214 @@
+"""Pure builders of a pool's child objects (Pod, Service, Secret, PodDisruptionBudget).
+
+They return plain manifests so the same code is unit-tested, used by the kopf
+shell, and readable as the contract between the operator and the node: the
+engine binds 127.0.0.1 only, the gateway sidecar is the pod's single ingress,
+and deleting a pod by hand still drains it through the sidecar's preStop hook.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..api.pool import GenRMPoolSpec
+from .names import (
+    ENGINE_CONTAINER,
+    GATEWAY_CONTAINER,
+    GROUP,
+    KIND,
+    ORDINAL_LABEL,
+    POOL_LABEL,
+    PUBLISHED_LABEL,
+    TOKEN_KEY,
+    VERSION,
+    common_labels,
+    pdb_name,
+    secret_name,
+    service_name,
+)
+
+Manifest = dict[str, Any]
+SGLANG_LAUNCHER = ["python3", "-m", "sglang.launch_server"]
+SHUTDOWN_SLACK_SECONDS = 30
+"""Engine shutdown after the drain, plus margin, inside terminationGracePeriodSeconds."""
+
+# Engine preStop: wait until the sidecar reports Drained so SGLang is not stopped under admitted
+# requests. It runs in the engine image, which has python3, and shares the pod's network namespace.
+ENGINE_PRESTOP = (
+    "import json,os,time,urllib.request\n"
+    "url='http://127.0.0.1:%s/v1/state'\n"
+    "req=urllib.request.Request(url,headers={'Authorization':'Bearer '+os.environ.get('GENRM_CONTROL_TOKEN','')})\n"
+    "end=time.time()+%d\n"
+    "while time.time()<end:\n"
+    "    try:\n"
+    "        if json.load(urllib.request.urlopen(req,timeout=2)).get('state')=='Drained': break\n"
+    "    except Exception: pass\n"
+    "    time.sleep(1)\n"
+)
+
+
+def owner_reference(pool: str, uid: str) -> Manifest:
+    """Controller reference so garbage collection removes children with the pool."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": pool, "uid": uid,
+        "controller": True, "blockOwnerDeletion": True,
+    }
+
+
+def engine_args(spec: GenRMPoolSpec) -> list[str]:
+    """One command line for SGLang and the simulator: same seed and determinism on every replica."""
+    engine, model = spec.engine, spec.model
+    if engine.args:
+        return [*engine.args, *engine.extra_args]
+    args = [
+        "--model-path", model.path, "--host", "127.0.0.1", "--port", str(engine.port),
+        "--random-seed", str(engine.seed), "--tp-size", str(engine.tensor_parallel_size), "--enable-metrics",
+    ]
+    if model.served_name:
+        args += ["--served-model-name", model.served_name]
+    if model.revision:
+        args += ["--revision", model.revision]
+    if engine.deterministic:
+        args.append("--enable-deterministic-inference")
+    return [*args, *engine.extra_args]
+
+
+def _token_env(pool: str) -> Manifest:
+    return {
+        "name": "GENRM_CONTROL_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": secret_name(pool), "key": TOKEN_KEY}},
+    }
+
+
+def _with_gpus(resources: Manifest, gpus: int) -> Manifest:
+    if gpus <= 0:
+        return dict(resources)
+    merged = {k: dict(v) for k, v in resources.items()}
+    merged.setdefault("limits", {})["nvidia.com/gpu"] = str(gpus)
+    merged.setdefault("requests", {})["nvidia.com/gpu"] = str(gpus)
+    return merged
+
+
+def termination_grace_seconds(spec: GenRMPoolSpec) -> int:
+    """Covers the preStop drain (propagation + drain timeout) and the engine's own shutdown."""
+    drain = spec.drain
+    return drain.propagation_seconds + drain.timeout_seconds + SHUTDOWN_SLACK_SECONDS
+
+
+def pod_manifest(pool: str, pool_uid: str, namespace: str, spec: GenRMPoolSpec, name: str, ordinal: int) -> Manifest:
+    """The replica pod: SGLang engine on loopback plus the gateway sidecar."""
+    engine, gateway, template = spec.engine, spec.gateway, spec.template
+    labels = {**template.labels, **common_labels(pool), ORDINAL_LABEL: str(ordinal), PUBLISHED_LABEL: "false"}
+    drain_deadline = spec.drain.propagation_seconds + spec.drain.timeout_seconds
+    engine_container: Manifest = {
+        "name": ENGINE_CONTAINER,
+        "image": engine.image,
+        "command": list(engine.command or SGLANG_LAUNCHER),
+        "args": engine_args(spec),
+        "env": [*engine.env, _token_env(pool)],
+        "resources": _with_gpus(engine.resources, engine.gpus_per_replica),
+        "volumeMounts": list(template.volume_mounts),
+        "lifecycle": {"preStop": {"exec": {"command": [
+            "python3", "-c", ENGINE_PRESTOP % (gateway.port, drain_deadline),
+        ]}}},
+    }
+    gateway_container: Manifest = {
+        "name": GATEWAY_CONTAINER,
+        "image": gateway.image,
+        "command": ["genrm-gateway", "serve"],
+        "args": [
+            "--host", "0.0.0.0", "--port", str(gateway.port),
+            "--engine-url", f"http://127.0.0.1:{engine.port}",
+            "--max-body-bytes", str(gateway.max_request_body_bytes),
+            "--quiet-seconds", str(spec.drain.quiet_seconds),
+            "--propagation-seconds", str(spec.drain.propagation_seconds),
+        ],
+        "env": [_token_env(pool)],
+        "ports": [{"name": "http", "containerPort": gateway.port, "protocol": "TCP"}],
+        "resources": dict(gateway.resources),
+        "readinessProbe": {
+            "httpGet": {"path": "/healthz/ready", "port": "http"},
+            "periodSeconds": 2, "failureThreshold": 1, "successThreshold": 1, "timeoutSeconds": 2,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz/live", "port": "http"},
+            "periodSeconds": 10, "failureThreshold": 3, "timeoutSeconds": 5,
+        },
+        "lifecycle": {"preStop": {"exec": {"command": [
+            "genrm-gateway", "drain", "--wait", "--port", str(gateway.port),
+            "--deadline-seconds", str(drain_deadline),
+        ]}}},
+    }
+    pod_spec: Manifest = {
+        "containers": [engine_container, gateway_container],
+        "terminationGracePeriodSeconds": termination_grace_seconds(spec),
+        "restartPolicy": "Always",
+        "nodeSelector": dict(template.node_selector),
+        "tolerations": list(template.tolerations),
+        "imagePullSecrets": list(template.image_pull_secrets),
+        "volumes": list(template.volumes),
+        "enableServiceLinks": False,
+    }
+    if template.affinity:
+        pod_spec["affinity"] = dict(template.affinity)
+    if template.priority_class_name:
+        pod_spec["priorityClassName"] = template.priority_class_name
+    if template.service_account_name:
+        pod_spec["serviceAccountName"] = template.service_account_name
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name, "namespace": namespace, "labels": labels,
+            "annotations": dict(template.annotations),
+            "ownerReferences": [owner_reference(pool, pool_uid)],
+        },
+        "spec": pod_spec,
+    }
+
+
+def service_manifest(pool: str, pool_uid: str, namespace: str, spec: GenRMPoolSpec) -> Manifest:
+    """Service selecting only published replicas of the pool."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": service_name(pool), "namespace": namespace, "labels": common_labels(pool),
+            "ownerReferences": [owner_reference(pool, pool_uid)],
+        },
+        "spec": {
+            "type": spec.service.type,
+            "selector": {POOL_LABEL: pool, PUBLISHED_LABEL: "true"},
+            "ports": [{"name": "http", "port": spec.service.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def secret_manifest(pool: str, pool_uid: str, namespace: str, token: str) -> Manifest:
+    """The sidecars' control token; created once, never rewritten, never logged."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": secret_name(pool), "namespace": namespace, "labels": common_labels(pool),
+            "ownerReferences": [owner_reference(pool, pool_uid)],
+        },
+        "type": "Opaque",
+        "stringData": {TOKEN_KEY: token},
+    }
+
+
+def pdb_manifest(pool: str, pool_uid: str, namespace: str, spec: GenRMPoolSpec) -> Manifest:
+    """Limits voluntary evictions (node drains); the operator's own deletes are drains already."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {
+            "name": pdb_name(pool), "namespace": namespace, "labels": common_labels(pool),
+            "ownerReferences": [owner_reference(pool, pool_uid)],
+        },
+        "spec": {
+            "maxUnavailable": spec.disruption_budget.max_unavailable,
+            "selector": {"matchLabels": {POOL_LABEL: pool}},
+        },
+    }

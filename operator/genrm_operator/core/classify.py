@@ -1,0 +1,86 @@
+"""Sorting a pool's pods into the roles the state machine reasons about.
+
+Roles are derived from observations only (pod labels and phase, sidecar
+reports), so an operator that restarts mid-operation recovers them exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+from .model import PodView, SidecarView
+
+
+class Role(Enum):
+    """Where a replica stands."""
+
+    SERVING = "Serving"
+    """Published for routing."""
+    STARTING = "Starting"
+    """Not published, not draining: loading, verifying, awaiting publication, or unschedulable."""
+    DRAINING = "Draining"
+    """Unpublished and soft-drained or fenced, not yet drained: can still be rescued."""
+    DRAINED = "Drained"
+    """Proved drained by its sidecar: may only be deleted."""
+    FAILED = "Failed"
+    """Crashed, failed or never ready in time: to be replaced."""
+    TERMINATING = "Terminating"
+    """Has a deletion timestamp."""
+
+
+@dataclass(frozen=True)
+class Replica:
+    """A pod with its role and sidecar report."""
+
+    pod: PodView
+    role: Role
+    sidecar: SidecarView | None
+    failure: str = ""
+    """CamelCase reason when role is FAILED."""
+
+    @property
+    def inflight(self) -> int:
+        """Requests in flight as the sidecar reports them (0 when unknown)."""
+        return self.sidecar.inflight if self.sidecar is not None else 0
+
+
+def failure_reason(pod: PodView, now: float, startup_timeout: float) -> str:
+    """Why a pod must be replaced, or '' when it is healthy or still has time."""
+    if pod.phase in ("Failed", "Succeeded"):
+        return "ReplicaFailed"
+    if pod.restarts > 0:
+        return "ReplicaCrashed"
+    if pod.verification == "failed" or pod.ever_published or pod.unschedulable:
+        return ""
+    if not pod.ready and now - pod.created_at > startup_timeout:
+        return "StartupTimeout"
+    return ""
+
+
+def classify(
+    pods: tuple[PodView, ...],
+    sidecars: Mapping[str, SidecarView | None],
+    now: float,
+    startup_timeout: float,
+) -> list[Replica]:
+    """Assign every pod a role."""
+    replicas: list[Replica] = []
+    for pod in pods:
+        sidecar = sidecars.get(pod.name)
+        reason = failure_reason(pod, now, startup_timeout)
+        if pod.deleting:
+            role = Role.TERMINATING
+        elif reason:
+            role = Role.FAILED
+        elif sidecar is not None and sidecar.state == "Drained":
+            role = Role.DRAINED
+        elif pod.published:
+            role = Role.SERVING
+        elif sidecar is not None and sidecar.state in ("SoftDrain", "Fenced"):
+            role = Role.DRAINING
+        else:
+            role = Role.STARTING
+        replicas.append(Replica(pod=pod, role=role, sidecar=sidecar, failure=reason))
+    return replicas

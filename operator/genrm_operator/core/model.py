@@ -1,0 +1,133 @@
+"""What the core sees and what it asks for.
+
+The kopf shell turns Kubernetes objects and sidecar answers into these plain
+values, calls :func:`genrm_operator.core.reconcile.reconcile`, and carries out
+the returned actions. Keeping them as small frozen dataclasses makes the core
+testable with generated sequences of events and clock steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..api.pool import GenRMPoolSpec, GenRMPoolStatus
+
+DrainState = Literal["Serving", "SoftDrain", "Fenced", "Drained"]
+Verification = Literal["", "passed", "failed"]
+
+
+@dataclass(frozen=True)
+class PodView:
+    """The facts about one replica pod that decisions depend on."""
+
+    name: str
+    uid: str
+    created_at: float
+    phase: str = "Pending"
+    ready: bool = False
+    published: bool = False
+    ever_published: bool = False
+    verification: Verification = ""
+    verification_message: str = ""
+    deleting: bool = False
+    unschedulable: str = ""
+    """Scheduler message when the pod cannot be placed (e.g. not enough nvidia.com/gpu)."""
+    restarts: int = 0
+
+
+@dataclass(frozen=True)
+class SidecarView:
+    """A gateway sidecar's own report (GET /v1/state)."""
+
+    state: DrainState
+    inflight: int = 0
+    engine_healthy: bool = False
+    drain_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything one reconcile step decides from."""
+
+    name: str
+    generation: int
+    spec: GenRMPoolSpec
+    status: GenRMPoolStatus
+    pods: tuple[PodView, ...]
+    sidecars: Mapping[str, SidecarView | None] = field(default_factory=dict)
+    """Sidecar reports by pod name; None or absent means unreachable (never 'drained')."""
+    now: float = 0.0
+
+
+@dataclass(frozen=True)
+class CreatePod:
+    """Create the replica pod with this deterministic name and ordinal."""
+
+    name: str
+    ordinal: int
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    """Delete a pod, bound to its UID by a precondition."""
+
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class SetPublished:
+    """Add or remove the label the pool's Service selects."""
+
+    name: str
+    uid: str
+    published: bool
+
+
+@dataclass(frozen=True)
+class Verify:
+    """Run the probe requests on a new replica and compare with a serving reference (if any)."""
+
+    name: str
+    uid: str
+    reference: str | None
+
+
+@dataclass(frozen=True)
+class Drain:
+    """Ask a sidecar to soft-drain (still admits, not ready) or fence (refuses new requests)."""
+
+    name: str
+    drain_id: str
+    phase: Literal["soft", "fence"]
+
+
+@dataclass(frozen=True)
+class Undrain:
+    """Return a draining (not yet drained) sidecar to Serving: the cheapest way to add capacity."""
+
+    name: str
+    drain_id: str
+
+
+Action = CreatePod | DeletePod | SetPublished | Verify | Drain | Undrain
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event to post on the pool."""
+
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The result of one reconcile step: write ``status`` first, then run ``actions``."""
+
+    status: GenRMPoolStatus
+    actions: tuple[Action, ...] = ()
+    events: tuple[Event, ...] = ()

@@ -1,0 +1,64 @@
+"""Deterministic names and labels of a pool's children.
+
+Why deterministic: a create that is retried after a crash or a lost response
+must hit AlreadyExists instead of making a second pod, so every child name is a
+pure function of the pool and, for pods, an ordinal that the status remembers.
+"""
+
+from __future__ import annotations
+
+GROUP = "genrm.io"
+VERSION = "v1alpha1"
+PLURAL = "genrmpools"
+KIND = "GenRMPool"
+
+POOL_LABEL = f"{GROUP}/pool"
+ORDINAL_LABEL = f"{GROUP}/ordinal"
+PUBLISHED_LABEL = f"{GROUP}/published"
+EVER_PUBLISHED_ANNOTATION = f"{GROUP}/ever-published"
+VERIFICATION_ANNOTATION = f"{GROUP}/verification"
+VERIFICATION_MESSAGE_ANNOTATION = f"{GROUP}/verification-message"
+TOKEN_KEY = "token"
+ENGINE_CONTAINER = "engine"
+GATEWAY_CONTAINER = "gateway"
+
+
+def pod_name(pool: str, ordinal: int) -> str:
+    """Name of the replica pod with this ordinal."""
+    return f"{pool}-{ordinal}"
+
+
+def secret_name(pool: str) -> str:
+    """Secret holding the pool's sidecar control token."""
+    return f"{pool}-control"
+
+
+def service_name(pool: str) -> str:
+    """Service selecting the pool's published replicas."""
+    return pool
+
+
+def pdb_name(pool: str) -> str:
+    """PodDisruptionBudget of the pool."""
+    return pool
+
+
+def selector(pool: str) -> str:
+    """Serialised label selector of all replica pods (scale subresource, HPA)."""
+    return f"{POOL_LABEL}={pool}"
+
+
+def drain_id(pod_uid: str) -> str:
+    """Drain id bound to one pod incarnation: a stale confirmation can never release another pod."""
+    return f"genrm/{pod_uid}"
+
+
+def common_labels(pool: str) -> dict[str, str]:
+    """Recommended Kubernetes labels plus the pool label, shared by all children."""
+    return {
+        "app.kubernetes.io/name": "genrm",
+        "app.kubernetes.io/instance": pool,
+        "app.kubernetes.io/component": "judge",
+        "app.kubernetes.io/managed-by": "genrm-operator",
+        POOL_LABEL: pool,
+    }

@@ -1,0 +1,447 @@
+"""One level-based reconcile step: observed state and time in, status and actions out.
+
+The single writer (one kopf daemon per pool) calls :func:`reconcile` whenever
+something changed or a resync is due, writes the returned status first and
+only then carries out the actions. Every action is idempotent, so running a
+step twice, or crashing between the status write and the actions, is safe.
+
+Scale-out phases: Pending -> Provisioning -> Verifying -> Succeeded | Partial.
+Scale-in phases:  Pending -> Unpublishing -> Fencing -> Draining -> Removing
+                  -> Succeeded | Failed.
+A new ``spec.replicas`` while an operation runs supersedes it; the next
+operation undoes the least progressed work first (rescue draining replicas
+before creating pods; remove unpublished pods before serving ones).
+
+Pod-count bound (checked by the property tests): pods that are neither
+terminating nor drained never exceed ``max(spec.replicas, their previous
+count)``: creates only ever fill a shortfall below ``spec.replicas``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..api.pool import GenRMPoolStatus
+from ..api.status import HISTORY_LIMIT, AddedPod, Condition, HistoryEntry, Operation, Victim
+from .classify import Replica, Role, classify
+from .clock import from_rfc3339, to_rfc3339
+from .conditions import set_condition
+from .model import (
+    Action,
+    CreatePod,
+    DeletePod,
+    Drain,
+    Event,
+    Observed,
+    Plan,
+    SetPublished,
+    Undrain,
+    Verify,
+)
+from .names import drain_id, pod_name, selector
+from .victims import choose_victims
+
+BACKOFF_BASE_SECONDS = 10.0
+BACKOFF_MAX_SECONDS = 300.0
+
+
+def reconcile(obs: Observed) -> Plan:
+    """Decide the next status and actions for one pool."""
+    return _Step(obs).run()
+
+
+def ordinal_of(pool: str, name: str) -> int | None:
+    """The ordinal encoded in a replica pod name, if it is one of ours."""
+    prefix = f"{pool}-"
+    tail = name[len(prefix):] if name.startswith(prefix) else ""
+    return int(tail) if tail.isdigit() else None
+
+
+def create_backoff(history: list[HistoryEntry], now: float) -> float:
+    """Seconds until new pods may be created after consecutive Partial/Failed operations.
+
+    Exponential like CrashLoopBackOff, so a replica that can never start does
+    not turn into a create/delete loop burning GPU scheduling.
+    """
+    failures = 0
+    for entry in reversed(history):
+        if entry.outcome == "Superseded":
+            continue
+        if entry.outcome == "Succeeded":
+            break
+        failures += 1
+    if failures == 0:
+        return 0.0
+    delay = min(BACKOFF_BASE_SECONDS * 2 ** (failures - 1), BACKOFF_MAX_SECONDS)
+    return max(0.0, from_rfc3339(history[-1].finished_at) + float(delay) - now)
+
+
+@dataclass
+class _Step:
+    """Mutable scratchpad of one pure reconcile step."""
+
+    obs: Observed
+    actions: list[Action] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        spec = self.obs.spec
+        self.now = self.obs.now
+        self.desired = spec.replicas
+        self.status = self.obs.status
+        self.replicas = classify(
+            self.obs.pods, self.obs.sidecars, self.now, float(spec.engine.startup_timeout_seconds)
+        )
+        self.by_name = {r.pod.name: r for r in self.replicas}
+        ordinals = [o for r in self.replicas if (o := ordinal_of(self.obs.name, r.pod.name)) is not None]
+        self.next_ordinal = max([self.status.next_ordinal, *(o + 1 for o in ordinals)])
+        self.op = self.status.operation
+        self.op_count = self.status.operation_count
+        self.history = list(self.status.history)
+
+    # ----- bookkeeping -------------------------------------------------------------------------
+
+    def act(self, action: Action) -> None:
+        self.actions.append(action)
+
+    def emit(self, reason: str, message: str, warning: bool = False) -> None:
+        self.events.append(Event("Warning" if warning else "Normal", reason, message))
+
+    def role(self, role: Role) -> list[Replica]:
+        return [r for r in self.replicas if r.role is role]
+
+    def victim_names(self) -> set[str]:
+        return {v.name for v in self.op.victims} if self.op is not None and self.op.type == "ScaleIn" else set()
+
+    def pending_creates(self) -> list[AddedPod]:
+        """Pods this operation created that the index has not shown yet (create may be lost)."""
+        if self.op is None or self.op.type != "ScaleOut":
+            return []
+        return [a for a in self.op.added_pods if not a.observed and a.name not in self.by_name]
+
+    def counts(self) -> tuple[int, int, int]:
+        """Serving, starting (incl. pending creates) and draining replicas outside the current scale-in."""
+        victims = self.victim_names()
+        def n(role: Role) -> int:
+            return sum(1 for r in self.role(role) if r.pod.name not in victims)
+        return n(Role.SERVING), n(Role.STARTING) + len(self.pending_creates()), n(Role.DRAINING)
+
+    def set_phase(self, op: Operation, phase: str, message: str = "") -> Operation:
+        if op.phase == phase and op.message == message:
+            return op
+        if op.phase != phase:
+            self.emit(f"{op.type}{phase}", f"{op.id} {op.type} {op.from_}->{op.to}: {phase}. {message}".strip())
+            return op.model_copy(update={
+                "phase": phase, "message": message, "last_transition_time": to_rfc3339(self.now),
+            })
+        return op.model_copy(update={"message": message})
+
+    def finish(self, op: Operation, outcome: str, reason: str, message: str) -> None:
+        """Move the operation to history and clear it."""
+        forced = sum(1 for v in op.victims if v.forced)
+        started = from_rfc3339(op.started_at)
+        self.history.append(HistoryEntry.model_validate({
+            "id": op.id, "type": op.type, "from": op.from_, "to": op.to, "outcome": outcome,
+            "reason": reason, "message": message, "startedAt": op.started_at,
+            "finishedAt": to_rfc3339(self.now), "durationSeconds": round(max(0.0, self.now - started), 3),
+            "forcedDrains": forced,
+        }))
+        self.history = self.history[-HISTORY_LIMIT:]
+        warning = outcome in ("Partial", "Failed")
+        self.emit(f"{op.type}{outcome}", f"{op.id} {op.type} {op.from_}->{op.to}: {outcome} ({reason}). {message}"
+                  .strip(), warning)
+        self.op = None
+
+    # ----- the step ----------------------------------------------------------------------------
+
+    def run(self) -> Plan:
+        self.note_observed_creates()
+        self.clean_up_outside_operations()
+        self.supersede_if_target_changed()
+        if self.op is None:
+            self.maybe_start_operation()
+        if self.op is not None and self.op.type == "ScaleOut":
+            self.advance_scale_out(self.op)
+        elif self.op is not None:
+            self.advance_scale_in(self.op)
+        return Plan(status=self.next_status(), actions=tuple(self.actions), events=tuple(self.events))
+
+    def note_observed_creates(self) -> None:
+        if self.op is None or self.op.type != "ScaleOut":
+            return
+        added = [a.model_copy(update={"observed": True}) if a.name in self.by_name else a
+                 for a in self.op.added_pods]
+        self.op = self.op.model_copy(update={"added_pods": added})
+
+    def clean_up_outside_operations(self) -> None:
+        """Replace failed replicas, delete drained leftovers, unpublish pods deleted by others."""
+        victims = self.victim_names()
+        for r in self.replicas:
+            pod = r.pod
+            if r.role is Role.TERMINATING and pod.published:
+                self.act(SetPublished(pod.name, pod.uid, False))
+            if pod.name in victims:
+                continue
+            if r.role is Role.FAILED:
+                if pod.published:
+                    self.act(SetPublished(pod.name, pod.uid, False))
+                self.act(DeletePod(pod.name, pod.uid))
+                self.emit("ReplicaFailed", f"Replacing {pod.name}: {r.failure}", warning=True)
+            elif r.role is Role.DRAINED:
+                self.act(DeletePod(pod.name, pod.uid))
+
+    def supersede_if_target_changed(self) -> None:
+        op = self.op
+        if op is None or op.to == self.desired:
+            return
+        self.finish(op, "Superseded", "TargetChanged", f"spec.replicas changed to {self.desired}")
+
+    def maybe_start_operation(self) -> None:
+        serving, starting, draining = self.counts()
+        backoff = create_backoff(self.history, self.now)
+        publishable = any(self.awaits_publication(r) for r in self.role(Role.STARTING))
+        shortfall = self.desired - serving - starting
+        if shortfall > 0 and (draining > 0 or backoff == 0.0 or publishable):
+            self.start("ScaleOut", serving)
+        elif serving + starting + draining > self.desired:
+            self.start("ScaleIn", serving)
+        elif serving < self.desired and publishable:
+            self.start("ScaleOut", serving)
+
+    def start(self, type_: str, serving: int) -> None:
+        self.op_count += 1
+        stamp = to_rfc3339(self.now)
+        self.op = Operation.model_validate({
+            "id": f"op-{self.op_count}", "type": type_, "from": serving, "to": self.desired,
+            "phase": "Pending", "startedAt": stamp, "lastTransitionTime": stamp,
+        })
+        self.emit(f"{type_}Started", f"op-{self.op_count} {type_} {serving}->{self.desired}")
+
+    def awaits_publication(self, r: Replica) -> bool:
+        """A starting replica whose engine is warm and that has not failed verification."""
+        sidecar = r.sidecar
+        return (
+            r.pod.ready and sidecar is not None and sidecar.state == "Serving"
+            and sidecar.engine_healthy and r.pod.verification != "failed"
+        )
+
+    # ----- scale-out ---------------------------------------------------------------------------
+
+    def advance_scale_out(self, op: Operation) -> None:
+        serving, starting, _ = self.counts()
+        shortfall = self.desired - serving - starting
+        rescuing = self.rescue(shortfall)
+        shortfall -= rescuing
+        for added in self.pending_creates():
+            self.act(CreatePod(added.name, added.ordinal))
+        if shortfall > 0 and create_backoff(self.history, self.now) == 0.0:
+            op = self.create(op, shortfall)
+        verifying = self.publish_or_verify()
+
+        added_names = {a.name for a in op.added_pods}
+        failed = [r for r in self.role(Role.FAILED) if r.pod.name in added_names]
+        inconsistent = [r for r in self.role(Role.STARTING) if r.pod.verification == "failed"]
+        waiting = [r for r in self.role(Role.STARTING) if r.pod.verification != "failed"]
+        if serving >= op.to:
+            self.finish(op, "Succeeded", "TargetReached", f"{serving} serving replicas")
+        elif failed:
+            self.finish(op, "Partial", failed[0].failure,
+                        ", ".join(f"{r.pod.name}: {r.failure}" for r in failed))
+        elif inconsistent:
+            detail = "; ".join(f"{r.pod.name}: {r.pod.verification_message}" for r in inconsistent)
+            self.emit("ReplicaInconsistent", detail, warning=True)
+            self.finish(op, "Partial", "ReplicaInconsistent", detail)
+        elif waiting and not rescuing and not self.pending_creates() and all(r.pod.unschedulable for r in waiting):
+            self.finish(op, "Partial", "Unschedulable", waiting[0].pod.unschedulable)
+        elif not waiting and not rescuing and not self.pending_creates() and shortfall > 0:
+            self.finish(op, "Partial", "BackOff", "waiting before creating replacement replicas")
+        else:
+            phase = "Verifying" if verifying and not self.pending_creates() else "Provisioning"
+            self.op = self.set_phase(op, phase, f"{serving}/{op.to} serving")
+
+    def rescue(self, shortfall: int) -> int:
+        """Undrain draining replicas first: they are warm and verified, unlike a new pod."""
+        candidates = [r for r in self.role(Role.DRAINING) if r.sidecar is not None]
+        candidates.sort(key=lambda r: (r.sidecar.state != "SoftDrain" if r.sidecar else True, -r.pod.created_at))
+        chosen = candidates[: max(shortfall, 0)]
+        for r in chosen:
+            self.act(Undrain(r.pod.name, drain_id(r.pod.uid)))
+            self.emit("ReplicaRescued", f"Undraining {r.pod.name} instead of creating a pod")
+        return len(chosen)
+
+    def create(self, op: Operation, count: int) -> Operation:
+        added = list(op.added_pods)
+        for _ in range(count):
+            name = pod_name(self.obs.name, self.next_ordinal)
+            added.append(AddedPod(name=name, ordinal=self.next_ordinal))
+            self.act(CreatePod(name, self.next_ordinal))
+            self.next_ordinal += 1
+        self.op = op.model_copy(update={"added_pods": added})
+        return self.op
+
+    def publish_or_verify(self) -> bool:
+        """Publish warm, verified replicas; ask for verification of the others.
+
+        Returns True when some replica is past provisioning (being verified or published).
+        """
+        reference = min(self.role(Role.SERVING), key=lambda r: r.pod.created_at, default=None)
+        verifying = False
+        for r in self.role(Role.STARTING):
+            if not self.awaits_publication(r):
+                continue
+            pod = r.pod
+            verifying = True
+            if pod.verification == "passed" or not self.obs.spec.verification.enabled:
+                self.act(SetPublished(pod.name, pod.uid, True))
+                self.emit("ReplicaPublished", f"{pod.name} is serving")
+            else:
+                self.act(Verify(pod.name, pod.uid, reference.pod.name if reference else None))
+        return verifying
+
+    # ----- scale-in ----------------------------------------------------------------------------
+
+    def advance_scale_in(self, op: Operation) -> None:
+        if op.phase == "Pending":
+            self.select_victims(op)
+            return
+        drain = self.obs.spec.drain
+        victims: list[Victim] = []
+        phases: list[str] = []
+        failure = ""
+        for v in op.victims:
+            v, phase, problem = self.advance_victim(v, drain.propagation_seconds, drain.timeout_seconds,
+                                                    drain.on_timeout)
+            victims.append(v)
+            if phase:
+                phases.append(phase)
+            failure = failure or problem
+        op = op.model_copy(update={"victims": victims})
+        order = ["Unpublishing", "Fencing", "Draining", "Removing"]
+        if failure:
+            self.finish(op, "Failed", "DrainTimeout", failure)
+        elif not phases:
+            self.finish(op, "Succeeded", "TargetReached", f"removed {len(victims)} replica(s)")
+        else:
+            phase = min(phases, key=order.index)
+            self.op = self.set_phase(op, phase, f"{len(phases)} victim(s) left")
+
+    def select_victims(self, op: Operation) -> None:
+        """Fix the victims in status before any side effect touches them."""
+        serving, starting, draining = self.counts()
+        candidates = [r for r in self.replicas if r.role in (Role.SERVING, Role.STARTING, Role.DRAINING)]
+        chosen = choose_victims(candidates, serving + starting + draining - self.desired)
+        victims = [Victim(name=r.pod.name, uid=r.pod.uid, needs_drain=r.pod.ever_published) for r in chosen]
+        self.emit("VictimsSelected", ", ".join(v.name for v in victims) or "none")
+        op = op.model_copy(update={"victims": victims})
+        self.op = self.set_phase(op, "Unpublishing", f"{len(victims)} victim(s) selected")
+
+    def advance_victim(
+        self, v: Victim, propagation: float, timeout: float, on_timeout: str
+    ) -> tuple[Victim, str, str]:
+        """Move one victim along; returns it, its phase ('' when gone) and a failure message."""
+        r = self.by_name.get(v.name)
+        if r is None or r.pod.uid != v.uid:
+            return v, "", ""
+        pod = r.pod
+        if r.role is Role.TERMINATING:
+            return v, "Removing", ""
+        if r.role is Role.FAILED or not v.needs_drain or v.drained_at is not None or r.role is Role.DRAINED:
+            if r.role is Role.DRAINED and v.drained_at is None:
+                v = v.model_copy(update={"drained_at": to_rfc3339(self.now)})
+            self.act(DeletePod(pod.name, pod.uid))
+            return v, "Removing", ""
+        did = drain_id(pod.uid)
+        state = r.sidecar.state if r.sidecar is not None else None
+        if v.unpublished_at is None or self.now - from_rfc3339(v.unpublished_at) < propagation:
+            if v.unpublished_at is None:
+                v = v.model_copy(update={"unpublished_at": to_rfc3339(self.now)})
+            if pod.published:
+                self.act(SetPublished(pod.name, pod.uid, False))
+            if state in (None, "Serving"):
+                self.act(Drain(pod.name, did, "soft"))
+            return v, "Unpublishing", ""
+        fenced_at = v.fenced_at or to_rfc3339(self.now)
+        v = v.model_copy(update={"fenced_at": fenced_at})
+        if state in (None, "Serving", "SoftDrain"):
+            self.act(Drain(pod.name, did, "fence"))
+        if self.now - from_rfc3339(fenced_at) <= timeout:
+            return v, "Fencing" if state != "Fenced" else "Draining", ""
+        inflight = r.sidecar.inflight if r.sidecar is not None else "unknown"
+        message = f"{pod.name} not drained after {timeout:g}s ({inflight} in flight)"
+        if on_timeout == "Force":
+            self.emit("DrainForced", message, warning=True)
+            self.act(DeletePod(pod.name, pod.uid))
+            return v.model_copy(update={"forced": True, "drained_at": to_rfc3339(self.now)}), "Removing", ""
+        return v, "Draining", message
+
+    # ----- status ------------------------------------------------------------------------------
+
+    def next_status(self) -> GenRMPoolStatus:
+        serving, starting, draining = self.counts()
+        live = [r for r in self.replicas if r.role is not Role.TERMINATING]
+        victims_left = sum(1 for v in self.op.victims if v.name in self.by_name) if self.op and \
+            self.op.type == "ScaleIn" else 0
+        drained = len(self.role(Role.DRAINED))
+        generation = self.obs.generation
+        prev = self.status.conditions
+        conds = [
+            self.available(serving, prev, generation),
+            self.progressing(serving, starting, draining, prev, generation),
+            self.degraded(serving, prev, generation),
+        ]
+        return self.status.model_copy(update={
+            "observed_generation": generation,
+            "replicas": len(live),
+            "ready_replicas": sum(1 for r in live if r.pod.ready),
+            "serving_replicas": sum(1 for r in self.role(Role.SERVING)),
+            "draining_replicas": draining + drained + victims_left,
+            "selector": selector(self.obs.name),
+            "next_ordinal": self.next_ordinal,
+            "conditions": conds,
+            "operation": self.op,
+            "operation_count": self.op_count,
+            "history": self.history,
+        })
+
+    def available(self, serving: int, prev: list[Condition], generation: int) -> Condition:
+        if self.desired == 0:
+            return set_condition(prev, "Available", "True", "ScaledToZero", "no replicas requested",
+                                 self.now, generation)
+        if serving > 0:
+            return set_condition(prev, "Available", "True", "ReplicasServing",
+                                 f"{serving}/{self.desired} replicas serving", self.now, generation)
+        return set_condition(prev, "Available", "False", "NoServingReplicas", "no replica is serving",
+                             self.now, generation)
+
+    def progressing(
+        self, serving: int, starting: int, draining: int, prev: list[Condition], generation: int
+    ) -> Condition:
+        op = self.op
+        if op is not None:
+            reason = "ScalingOut" if op.type == "ScaleOut" else "ScalingIn"
+            return set_condition(prev, "Progressing", "True", reason,
+                                 f"{op.id} {op.phase}: {op.message}", self.now, generation)
+        if serving == self.desired and starting == 0 and draining == 0:
+            return set_condition(prev, "Progressing", "False", "AtTarget",
+                                 f"{serving} replicas serving", self.now, generation)
+        last = self.history[-1] if self.history else None
+        reason = last.reason if last is not None and last.outcome in ("Partial", "Failed") else "Waiting"
+        return set_condition(prev, "Progressing", "False", reason or "Waiting",
+                             f"{serving}/{self.desired} serving; {starting} starting", self.now, generation)
+
+    def degraded(self, serving: int, prev: list[Condition], generation: int) -> Condition:
+        inconsistent = [r.pod.name for r in self.role(Role.STARTING) if r.pod.verification == "failed"]
+        failed = [r.pod.name for r in self.role(Role.FAILED)]
+        last = self.history[-1] if self.history else None
+        if inconsistent:
+            return set_condition(prev, "Degraded", "True", "ReplicaInconsistent",
+                                 f"answers differ from the serving replicas: {', '.join(inconsistent)}",
+                                 self.now, generation)
+        if failed:
+            return set_condition(prev, "Degraded", "True", "ReplicaFailed", ", ".join(failed), self.now,
+                                 generation)
+        if last is not None and last.outcome in ("Partial", "Failed") and serving != self.desired:
+            return set_condition(prev, "Degraded", "True", last.reason or "OperationFailed", last.message,
+                                 self.now, generation)
+        return set_condition(prev, "Degraded", "False", "AsExpected", "", self.now, generation)

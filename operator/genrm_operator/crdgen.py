@@ -1,0 +1,188 @@
+"""Generate the GenRMPool CustomResourceDefinition from the pydantic models.
+
+Usage: ``python -m genrm_operator.crdgen`` (what ``make crds`` runs) rewrites
+``crds/genrm.io_genrmpools.yaml`` and the Helm chart's copy;
+``--check`` exits non-zero when either committed file differs.
+
+Why generate: the API server's validation, defaults and ``kubectl explain``
+text must be exactly what the operator parses. pydantic's JSON Schema is not a
+structural schema, so this module inlines ``$ref``s, turns optional unions into
+plain optional fields, marks free-form Kubernetes objects with
+``x-kubernetes-preserve-unknown-fields`` and adds defaults for nested objects so
+the API server applies nested defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .api.pool import GenRMPoolSpec, GenRMPoolStatus
+from .core.names import GROUP, KIND, PLURAL, VERSION
+
+REPO = Path(__file__).resolve().parents[2]
+TARGETS = (
+    REPO / "crds" / f"{GROUP}_{PLURAL}.yaml",
+    REPO / "charts" / "genrm-operator" / "crds" / f"{GROUP}_{PLURAL}.yaml",
+)
+Schema = dict[str, Any]
+
+PRINTER_COLUMNS = [
+    {"name": "Desired", "type": "integer", "jsonPath": ".spec.replicas", "description": "Requested replicas"},
+    {"name": "Current", "type": "integer", "jsonPath": ".status.replicas", "description": "Replica pods"},
+    {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas", "description": "Ready replicas"},
+    {"name": "Serving", "type": "integer", "jsonPath": ".status.servingReplicas",
+     "description": "Replicas published for routing"},
+    {"name": "Operation", "type": "string", "jsonPath": ".status.operation.type",
+     "description": "Active scale operation"},
+    {"name": "Phase", "type": "string", "jsonPath": ".status.operation.phase",
+     "description": "Phase of the active scale operation"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {"name": "Model", "type": "string", "jsonPath": ".spec.model.path", "priority": 1,
+     "description": "Judge model"},
+    {"name": "Available", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Available")].status',
+     "priority": 1, "description": "Available condition"},
+]
+
+
+def _structural(node: Any, defs: Schema) -> Any:
+    """Rewrite one pydantic schema node into a Kubernetes structural schema node."""
+    if isinstance(node, list):
+        return [_structural(n, defs) for n in node]
+    if not isinstance(node, dict):
+        return node
+    node = dict(node)
+    if "$ref" in node:
+        target = defs[node.pop("$ref").split("/")[-1]]
+        node = {**target, **node}
+    if "anyOf" in node:
+        options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
+        if len(options) == 1:
+            node = {**options[0], **node}
+            if node.get("default", 0) is None:
+                node.pop("default")
+        else:
+            node["anyOf"] = options
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
+    node.pop("title", None)
+    extra = node.pop("additionalProperties", None)
+    if node.get("type") == "object" and "properties" not in node:
+        if isinstance(extra, dict) and extra:
+            node["additionalProperties"] = extra
+        else:
+            node["x-kubernetes-preserve-unknown-fields"] = True
+    out = {k: _structural(v, defs) if k in ("properties", "items", "additionalProperties", "anyOf") else v
+           for k, v in node.items()}
+    if "properties" in out:
+        out["properties"] = {k: _structural(v, defs) for k, v in node["properties"].items()}
+        required = set(out.get("required", []))
+        for key, prop in out["properties"].items():
+            if key in required or "default" in prop:
+                continue
+            if prop.get("type") == "array":
+                prop["default"] = []
+            elif prop.get("type") == "object" and "properties" in prop and not prop.get("required"):
+                prop["default"] = {}
+    return out
+
+
+def openapi_schema(model: type[Any], *, defaults: bool = True) -> Schema:
+    """Structural schema of one root model (spec or status)."""
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.pop("$defs", {})
+    schema: Schema = _structural(raw, defs)
+    if not defaults:
+        _strip_defaults(schema)
+    return schema
+
+
+def _strip_defaults(node: Any) -> None:
+    """Status is written by the operator only; defaults there would only hide missing writes."""
+    if isinstance(node, dict):
+        node.pop("default", None)
+        for value in node.values():
+            _strip_defaults(value)
+    elif isinstance(node, list):
+        for value in node:
+            _strip_defaults(value)
+
+
+def crd() -> Schema:
+    """The whole CustomResourceDefinition object."""
+    root: Schema = {
+        "type": "object",
+        "description": "GenRMPool runs identical GenRM judge replicas (SGLang engine plus gateway sidecar, "
+                       "one GPU pod each) and scales them without losing requests.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": "API version of this object."},
+            "kind": {"type": "string", "description": "Kind of this object."},
+            "metadata": {"type": "object"},
+            "spec": openapi_schema(GenRMPoolSpec),
+            "status": openapi_schema(GenRMPoolStatus, defaults=False),
+        },
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{PLURAL}.{GROUP}",
+            "labels": {"app.kubernetes.io/name": "genrm-operator", "app.kubernetes.io/part-of": "genrm-operator"},
+        },
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": KIND, "listKind": f"{KIND}List", "plural": PLURAL, "singular": "genrmpool",
+                "shortNames": ["grp"], "categories": ["genrm"],
+            },
+            "versions": [{
+                "name": VERSION,
+                "served": True,
+                "storage": True,
+                "subresources": {
+                    "status": {},
+                    "scale": {
+                        "specReplicasPath": ".spec.replicas",
+                        "statusReplicasPath": ".status.replicas",
+                        "labelSelectorPath": ".status.selector",
+                    },
+                },
+                "additionalPrinterColumns": PRINTER_COLUMNS,
+                "schema": {"openAPIV3Schema": root},
+            }],
+        },
+    }
+
+
+def render() -> str:
+    """The CRD as committed YAML text."""
+    header = "# Generated by `make crds` (python -m genrm_operator.crdgen) from the pydantic models. Do not edit.\n"
+    return header + yaml.safe_dump(crd(), sort_keys=False, width=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write or check the generated files."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true", help="fail if the committed CRD files are stale")
+    args = parser.parse_args(argv)
+    text = render()
+    stale = [p for p in TARGETS if not p.exists() or p.read_text() != text]
+    if args.check:
+        for path in stale:
+            print(f"{path.relative_to(REPO)} is stale: run `make crds`", file=sys.stderr)
+        return 1 if stale else 0
+    for path in TARGETS:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(f"wrote {path.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

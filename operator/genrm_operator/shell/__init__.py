@@ -1,0 +1,1 @@
+"""The thin kopf/Kubernetes shell around the functional core."""

@@ -1,0 +1,86 @@
+"""kopf wiring: one daemon per pool as the only writer, woken by pool and pod events.
+
+Nothing here decides anything: decisions live in ``genrm_operator.core``.
+Scale operations never use on.create/on.update (edge-based); the daemon
+reconciles levels and a periodic resync catches anything a watch missed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, cast
+
+import kopf
+
+from ..core.model import Event
+from ..core.names import GROUP, PLURAL, POOL_LABEL, VERSION
+from . import metrics
+from .kube import Kube, Manifest, load_config
+from .reconciler import PoolReconciler
+from .sidecar import SidecarClient
+
+log = logging.getLogger(__name__)
+RECONCILERS: dict[tuple[str, str], PoolReconciler] = {}
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """Operator-wide settings and shared clients."""
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP,
+                                                                            key="last-handled-configuration")
+    settings.posting.reporting_component = "genrm-operator"
+    settings.posting.level = logging.INFO
+    settings.watching.server_timeout = 60
+    settings.watching.client_timeout = 90
+    settings.peering.standalone = True
+    settings.scanning.disabled = True
+    load_config()
+    memo.kube = Kube()
+    memo.sidecars = SidecarClient()
+
+
+@kopf.on.cleanup()
+async def close(memo: kopf.Memo, **_: Any) -> None:
+    """Close the shared HTTP client."""
+    await memo.sidecars.close()
+
+
+async def post_event(pool: Manifest, event: Event) -> None:
+    """A Kubernetes Event on the pool (kubectl describe shows them)."""
+    kopf.event(cast(kopf.Body, pool), type=event.type, reason=event.reason, message=event.message.replace("\n", " "))
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
+async def reconcile_pool(name: str, namespace: str | None, memo: kopf.Memo, stopped: kopf.DaemonStopped,
+                         **_: Any) -> None:
+    """The single writer of one pool."""
+    ns = namespace or "default"
+    reconciler = PoolReconciler(memo.kube, memo.sidecars, post_event, ns, name)
+    RECONCILERS[(ns, name)] = reconciler
+    try:
+        await reconciler.run(lambda: bool(stopped))
+    finally:
+        RECONCILERS.pop((ns, name), None)
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
+async def forget(name: str, namespace: str | None, **_: Any) -> None:
+    """Children go with owner references; only the pool's metric series need removing."""
+    metrics.forget_pool(namespace or "default", name)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def pool_changed(name: str, namespace: str | None, **_: Any) -> None:
+    """Wake the pool's reconciler on any change (e.g. kubectl scale)."""
+    if (reconciler := RECONCILERS.get((namespace or "default", name))) is not None:
+        reconciler.wake.set()
+
+
+@kopf.on.event("", "v1", "pods", labels={POOL_LABEL: kopf.PRESENT})
+async def pod_changed(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
+    """Wake the owning pool's reconciler when one of its pods changes."""
+    if (reconciler := RECONCILERS.get((namespace or "default", labels[POOL_LABEL]))) is not None:
+        reconciler.wake.set()

@@ -1,0 +1,59 @@
+"""Operator metrics, named after Prometheus conventions (genrm_ prefix, base units, _total).
+
+Parity with controller-runtime: reconcile totals by result, errors and
+durations, plus the number of pools being worked on (kopf has no work queue;
+each pool has one daemon). Per-pool series are removed when the pool goes.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from ..api.pool import GenRMPoolSpec, GenRMPoolStatus
+from ..api.status import HistoryEntry
+
+RECONCILE_TOTAL = Counter("genrm_operator_reconcile_total", "Reconcile steps by result.",
+                          ["namespace", "pool", "result"])
+RECONCILE_ERRORS = Counter("genrm_operator_reconcile_errors_total", "Reconcile steps that raised.",
+                           ["namespace", "pool"])
+RECONCILE_SECONDS = Histogram("genrm_operator_reconcile_duration_seconds", "Duration of one reconcile step.",
+                              ["namespace", "pool"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+ACTIVE_POOLS = Gauge("genrm_operator_active_pools", "Pools with a running reconciler (kopf daemon).")
+REPLICAS = Gauge("genrm_pool_replicas", "Replicas of a pool by state.", ["namespace", "pool", "state"])
+OPERATIONS = Counter("genrm_pool_operations_total", "Finished scale operations.",
+                     ["namespace", "pool", "type", "outcome"])
+OPERATION_SECONDS = Histogram("genrm_pool_operation_duration_seconds", "Duration of finished scale operations.",
+                              ["namespace", "pool", "type"],
+                              buckets=(1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600))
+FORCED_DRAINS = Counter("genrm_pool_forced_drains_total", "Victims deleted after a drain timeout (Force).",
+                        ["namespace", "pool"])
+VERIFICATION_FAILURES = Counter("genrm_pool_verification_failures_total",
+                                "New replicas whose probe answers differed from a serving replica.",
+                                ["namespace", "pool"])
+PER_POOL = (RECONCILE_TOTAL, RECONCILE_ERRORS, RECONCILE_SECONDS, REPLICAS, OPERATIONS, OPERATION_SECONDS,
+            FORCED_DRAINS, VERIFICATION_FAILURES)
+
+
+def observe_status(namespace: str, pool: str, spec: GenRMPoolSpec, status: GenRMPoolStatus) -> None:
+    """Refresh the replica gauges from the status just written."""
+    for state, value in (("desired", spec.replicas), ("current", status.replicas),
+                         ("ready", status.ready_replicas), ("serving", status.serving_replicas),
+                         ("draining", status.draining_replicas)):
+        REPLICAS.labels(namespace, pool, state).set(value)
+
+
+def observe_finished(namespace: str, pool: str, entries: list[HistoryEntry]) -> None:
+    """Count operations that finished in this step."""
+    for entry in entries:
+        OPERATIONS.labels(namespace, pool, entry.type, entry.outcome).inc()
+        OPERATION_SECONDS.labels(namespace, pool, entry.type).observe(entry.duration_seconds)
+        if entry.forced_drains:
+            FORCED_DRAINS.labels(namespace, pool).inc(entry.forced_drains)
+
+
+def forget_pool(namespace: str, pool: str) -> None:
+    """Drop every series of a deleted pool, so dashboards do not show ghosts."""
+    for metric in PER_POOL:
+        for labels in list(metric._metrics):  # prometheus_client keeps children keyed by label values
+            if labels[:2] == (namespace, pool):
+                metric.remove(*labels)

@@ -1,0 +1,124 @@
+"""Talking to replica gateway sidecars: state, drain, undrain and verification probes.
+
+An unreachable or confused sidecar yields ``None``: the core treats that as
+unknown, never as drained, so a network blip can never release a victim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from ..api.spec import ProbeRequest, VerificationSpec
+from ..core.model import SidecarView
+
+log = logging.getLogger(__name__)
+STATE_TIMEOUT = httpx.Timeout(2.0, connect=1.0)
+DRAIN_STATES = ("Serving", "SoftDrain", "Fenced", "Drained")
+DEFAULT_PROBES = (
+    ProbeRequest(prompt="Rate the answer 'Paris' to the question 'What is the capital of France?' "
+                        "from 1 to 10 and explain briefly.", max_new_tokens=32),
+    ProbeRequest(prompt="Which response is more helpful? A: 'Use a for loop.' B: 'Iterate with "
+                        "enumerate() to get index and value.' Answer A or B with a reason.", max_new_tokens=32),
+    ProbeRequest(prompt="Score this proof step for correctness (0-1): 'If n is even then n^2 is even.'",
+                 max_new_tokens=32),
+)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where one replica's sidecar listens, and the pool's control token."""
+
+    ip: str
+    port: int
+    token: str
+
+    @property
+    def base(self) -> str:
+        return f"http://{self.ip}:{self.port}"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+
+def parse_state(doc: Mapping[str, Any]) -> SidecarView | None:
+    """The core's view of a /v1/state document, or None when it is not one."""
+    state = doc.get("state")
+    if state not in DRAIN_STATES:
+        return None
+    engine = doc.get("engine") or {}
+    return SidecarView(
+        state=state,
+        inflight=int(doc.get("inflight") or 0),
+        engine_healthy=bool(engine.get("healthy")),
+        drain_id=doc.get("drainId"),
+    )
+
+
+class SidecarClient:
+    """Async HTTP client shared by all pools of the operator."""
+
+    def __init__(self) -> None:
+        self._http = httpx.AsyncClient(timeout=STATE_TIMEOUT)
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def state(self, ep: Endpoint) -> SidecarView | None:
+        try:
+            response = await self._http.get(f"{ep.base}/v1/state", headers=ep.headers)
+            return parse_state(response.json()) if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    async def states(self, endpoints: Mapping[str, Endpoint]) -> dict[str, SidecarView | None]:
+        names = list(endpoints)
+        views = await asyncio.gather(*(self.state(endpoints[n]) for n in names))
+        return dict(zip(names, views, strict=True))
+
+    async def control(self, ep: Endpoint, path: str, body: Mapping[str, Any]) -> bool:
+        """POST a drain/undrain call; False (to be retried next step) on any failure."""
+        try:
+            response = await self._http.post(f"{ep.base}{path}", json=dict(body), headers=ep.headers)
+        except httpx.HTTPError as exc:
+            log.info("sidecar %s %s failed: %s", ep.base, path, exc)
+            return False
+        if response.status_code != 200:
+            log.info("sidecar %s %s -> %s %s", ep.base, path, response.status_code, response.text[:200])
+        return response.status_code == 200
+
+    async def answers(self, ep: Endpoint, spec: VerificationSpec) -> list[str]:
+        """Probe answers of one replica, in probe order (raises on any failure)."""
+        probes = spec.requests or list(DEFAULT_PROBES)
+        out: list[str] = []
+        for probe in probes:
+            payload = {
+                "text": probe.prompt,
+                "sampling_params": {
+                    "max_new_tokens": probe.max_new_tokens, "temperature": 0.7,
+                    "sampling_seed": spec.sampling_seed,
+                },
+            }
+            response = await self._http.post(
+                f"{ep.base}/generate", json=payload, timeout=float(spec.timeout_seconds),
+                headers={"X-Request-Id": "genrm-verification"},
+            )
+            response.raise_for_status()
+            out.append(str(response.json().get("text", "")))
+        return out
+
+
+def compare(candidate: list[str], reference: list[str] | None) -> tuple[bool, str]:
+    """Verdict and a message naming the first differing probe with both answers."""
+    if reference is None:
+        return True, f"{len(candidate)} probes answered (first replica, no reference)"
+    for i, (mine, theirs) in enumerate(zip(candidate, reference, strict=True)):
+        if mine != theirs:
+            return False, f"probe {i} differs: new={mine[:160]!r} reference={theirs[:160]!r}"
+    return True, f"{len(candidate)} probes identical to the reference"
