@@ -37,7 +37,7 @@ from genrm_operator.api.autoscaling import (
 from .metrics import MetricOutcome, Tolerance, evaluate
 from .observation import Observation
 from .policies import limit, record_event
-from .recommend import Recommendation, recommend
+from .recommend import recommend
 from .stabilize import remember, stabilize
 
 
@@ -81,8 +81,8 @@ _INACTIVE = {
     "FallbackActive": "no driving metric could be read for fallback.failureThreshold intervals; applying it",
 }
 _MESSAGES = {
-    "ScaleUpStabilized": "recent recommendations were lower; applying the lowest in the scale-up window",
-    "ScaleDownStabilized": "recent recommendations were higher; applying the highest in the scale-down window",
+    "ScaleUpStabilized": "recent recommendations were lower; applying the lowest in the up window",
+    "ScaleDownStabilized": "recent recommendations were higher; applying the highest in the down window",
     "ScaleUpLimit": "the desired count grows faster than the scale-up policies allow",
     "ScaleDownLimit": "the desired count shrinks faster than the scale-down policies allow",
     "TooManyReplicas": "the desired count is above maxReplicas",
@@ -103,180 +103,165 @@ def decide(spec: AutoscalingSpec, observation: Observation, status: AutoscalerSt
         down=quantity_value(spec.behavior.scale_down.tolerance),
     )
     outcomes = tuple(evaluate(m, observation, tolerance) for m in spec.metrics)
-    bounds = (spec.min_replicas, spec.max_replicas)
+    low, high = spec.min_replicas, spec.max_replicas
+    step = _Step(spec, observation, status, outcomes)
     if current == 0:
-        recommendation = Recommendation(None, "ScalingDisabled", status.consecutive_failures)
-    elif not bounds[0] <= current <= bounds[1]:
-        clamped = min(max(current, bounds[0]), bounds[1])
-        reason = "TooManyReplicas" if current > clamped else "TooFewReplicas"
-        return _conclude(spec, observation, status, outcomes, clamped, clamped, reason, status)
-    else:
-        recommendation = recommend(spec, outcomes, current, status.consecutive_failures)
-    interim = status.model_copy(update={"consecutive_failures": recommendation.consecutive_failures})
+        return step.conclude(current, current, "ScalingDisabled", inactive="ScalingDisabled")
+    if not low <= current <= high:
+        clamped = min(max(current, low), high)
+        return step.conclude(clamped, clamped, "TooManyReplicas" if current > high else "TooFewReplicas")
+    recommendation = recommend(spec, outcomes, current, status.consecutive_failures)
+    step.status = status.model_copy(update={"consecutive_failures": recommendation.consecutive_failures})
+    inactive = recommendation.reason if recommendation.reason in _INACTIVE else None
     if recommendation.replicas is None:
-        return _conclude(spec, observation, status, outcomes, current, current, recommendation.reason, interim)
-    return _control(spec, observation, interim, outcomes, recommendation)
+        return step.conclude(current, current, recommendation.reason, inactive=inactive)
+    return step.control(recommendation.replicas, recommendation.reason, inactive)
 
 
-def _control(
-    spec: AutoscalingSpec,
-    observation: Observation,
-    status: AutoscalerStatus,
-    outcomes: tuple[MetricOutcome, ...],
-    recommendation: Recommendation,
-) -> Decision:
-    """Stages 3-6 for a raw recommendation."""
-    assert recommendation.replicas is not None and spec.max_replicas is not None
-    raw, current, now = recommendation.replicas, observation.current_replicas, observation.now
-    behavior = spec.behavior
-    panic_until = _panic_until(spec, raw, current, now, status.panic_until)
-    panicking = panic_until is not None
-    up_window = timedelta(seconds=behavior.scale_up.stabilization_window_seconds)
-    if spec.panic is not None and panicking:
-        up_window = min(up_window, timedelta(seconds=spec.panic.window_seconds))
-    down_window = timedelta(seconds=behavior.scale_down.stabilization_window_seconds)
-    longest = max(
-        timedelta(seconds=behavior.scale_up.stabilization_window_seconds),
-        down_window,
-        timedelta(seconds=spec.panic.window_seconds if spec.panic else 0),
-    )
+class _Step:
+    """One decision in the making: the inputs, and the status as it gets updated."""
 
-    desired = stabilize(status.recommendations, raw, current, now, up_window, down_window)
-    reason = None if desired == raw else ("ScaleUpStabilized" if raw >= current else "ScaleDownStabilized")
-    if panicking and desired < current:
-        desired, reason = current, "Panic"
-    if observation.unschedulable > 0 and desired > current:
-        desired, reason = current, "Unschedulable"
-    limited, limiter = limit(desired, current, (spec.min_replicas, spec.max_replicas), behavior,
-                             status.scale_events, now)
-    status = status.model_copy(
-        update={
-            "recommendations": remember(status.recommendations, raw, now, longest),
-            "panic_until": format_time(panic_until) if panic_until else None,
-        }
-    )
-    return _conclude(spec, observation, status, outcomes, raw, limited, limiter or reason, status,
-                     fallback=recommendation.fallback, panicking=panicking)
+    def __init__(
+        self,
+        spec: AutoscalingSpec,
+        observation: Observation,
+        status: AutoscalerStatus,
+        outcomes: tuple[MetricOutcome, ...],
+    ) -> None:
+        self.spec = spec
+        self.observation = observation
+        self.previous = status
+        self.status = status
+        self.outcomes = outcomes
+        self.panicking = False
 
+    def control(self, raw: int, reason: str | None, inactive: str | None) -> Decision:
+        """Stages 3-6 for a raw recommendation (``reason`` is set when it came from the fallback)."""
+        spec, behavior = self.spec, self.spec.behavior
+        assert spec.max_replicas is not None
+        current, now = self.observation.current_replicas, self.observation.now
+        panic_until = self._panic_until(raw)
+        self.panicking = panic_until is not None
+        up_window = timedelta(seconds=behavior.scale_up.stabilization_window_seconds)
+        down_window = timedelta(seconds=behavior.scale_down.stabilization_window_seconds)
+        panic_window = timedelta(seconds=spec.panic.window_seconds if spec.panic else 0)
+        longest = max(up_window, down_window, panic_window)
+        if self.panicking:
+            up_window = min(up_window, panic_window)
 
-def _panic_until(
-    spec: AutoscalingSpec, raw: int, current: int, now: datetime, previous: str | None
-) -> datetime | None:
-    """When the panic (if any) ends: ``window_seconds`` after the last crossing of the threshold."""
-    if spec.panic is None:
-        return None
-    if raw >= quantity_value(spec.panic.threshold) * current:
-        return now + timedelta(seconds=spec.panic.window_seconds)
-    if previous is not None and parse_time(previous) > now:
-        return parse_time(previous)
-    return None
-
-
-def _conclude(
-    spec: AutoscalingSpec,
-    observation: Observation,
-    previous: AutoscalerStatus,
-    outcomes: tuple[MetricOutcome, ...],
-    raw: int,
-    desired: int,
-    limited_by: str | None,
-    status: AutoscalerStatus,
-    *,
-    fallback: bool = False,
-    panicking: bool = False,
-) -> Decision:
-    """Conditions, the decision record and the next status for a decided count."""
-    current, now = observation.current_replicas, observation.now
-    apply = spec.mode == "Auto" and desired != current
-    result: DecisionResult = "ScaleUp" if desired > current else "ScaleDown" if desired < current else "NoChange"
-    update: dict[str, object] = {"desired_replicas": desired}
-    if apply:
-        update["last_scale_time"] = format_time(now)
-        update["scale_events"] = record_event(status.scale_events, desired - current, now, spec.behavior)
-    record = _record(spec, observation, previous, outcomes, raw, desired, limited_by, result)
-    if record is not None:
-        update["decisions"] = (*status.decisions, record)[-MAX_DECISIONS:]
-    if fallback:
-        limited_by = "FallbackActive"
-    return Decision(
-        current_replicas=current,
-        desired_replicas=desired,
-        raw_recommendation=raw,
-        limited_by=limited_by,
-        metrics=outcomes,
-        conditions=_conditions(limited_by),
-        panicking=panicking,
-        apply=apply,
-        status=status.model_copy(update=update),
-        record=record,
-    )
-
-
-def _record(
-    spec: AutoscalingSpec,
-    observation: Observation,
-    previous: AutoscalerStatus,
-    outcomes: tuple[MetricOutcome, ...],
-    raw: int,
-    desired: int,
-    limited_by: str | None,
-    result: DecisionResult,
-) -> DecisionRecord | None:
-    """A record for this decision, or None when it repeats the last one (same counts, same limiter).
-
-    Recording only what changed keeps the 20 entries useful: a pool that sits stabilized
-    for ten minutes would otherwise flush the interesting decisions out in under two.
-    """
-    last = previous.decisions[-1] if previous.decisions else None
-    current = observation.current_replicas
-    if last is not None and (last.current_replicas, last.raw_recommendation, last.desired_replicas,
-                             last.limited_by) == (current, raw, desired, limited_by):
-        return None
-    if last is None and raw == desired == current and limited_by is None:
-        return None
-    readings = tuple(
-        MetricReading(
-            name=o.key,
-            value=None if o.value is None else format_quantity(o.value),
-            target=format_quantity(o.target),
-            replicas=o.replicas,
+        desired = stabilize(self.status.recommendations, raw, current, now, up_window, down_window)
+        if desired != raw:
+            reason = "ScaleUpStabilized" if raw >= current else "ScaleDownStabilized"
+        if self.panicking and desired < current:
+            desired, reason = current, "Panic"
+        if self.observation.unschedulable > 0 and desired > current:
+            desired, reason = current, "Unschedulable"
+        limited, limiter = limit(
+            desired, current, (spec.min_replicas, spec.max_replicas), behavior, self.status.scale_events, now
         )
-        for o in outcomes
-    )
-    return DecisionRecord(
-        id=(last.id + 1) if last else 1,
-        time=format_time(observation.now),
-        current_replicas=current,
-        metrics=readings,
-        raw_recommendation=raw,
-        limited_by=limited_by,
-        desired_replicas=desired,
-        result=result,
-        applied=spec.mode == "Auto" and result != "NoChange",
-    )
+        self.status = self.status.model_copy(
+            update={
+                "recommendations": remember(self.status.recommendations, raw, now, longest),
+                "panic_until": format_time(panic_until) if panic_until else None,
+            }
+        )
+        return self.conclude(raw, limited, limiter or reason, inactive=inactive)
+
+    def _panic_until(self, raw: int) -> datetime | None:
+        """When the panic (if any) ends: ``window_seconds`` after the last crossing of the threshold."""
+        panic, now = self.spec.panic, self.observation.now
+        if panic is None:
+            return None
+        if raw >= quantity_value(panic.threshold) * self.observation.current_replicas:
+            return now + timedelta(seconds=panic.window_seconds)
+        previous = self.status.panic_until
+        if previous is not None and parse_time(previous) > now:
+            return parse_time(previous)
+        return None
+
+    def conclude(
+        self, raw: int, desired: int, limited_by: str | None, inactive: str | None = None
+    ) -> Decision:
+        """Conditions, the decision record and the next status for a decided count."""
+        current, now = self.observation.current_replicas, self.observation.now
+        apply = self.spec.mode == "Auto" and desired != current
+        update: dict[str, object] = {"desired_replicas": desired}
+        if apply:
+            update["last_scale_time"] = format_time(now)
+            update["scale_events"] = record_event(
+                self.status.scale_events, desired - current, now, self.spec.behavior
+            )
+        record = self._record(raw, desired, limited_by)
+        if record is not None:
+            update["decisions"] = (*self.status.decisions, record)[-MAX_DECISIONS:]
+        return Decision(
+            current_replicas=current,
+            desired_replicas=desired,
+            raw_recommendation=raw,
+            limited_by=limited_by,
+            metrics=self.outcomes,
+            conditions=_conditions(limited_by, inactive),
+            panicking=self.panicking,
+            apply=apply,
+            status=self.status.model_copy(update=update),
+            record=record,
+        )
+
+    def _record(self, raw: int, desired: int, limited_by: str | None) -> DecisionRecord | None:
+        """A record for this decision, or None when it repeats the last one (same counts, same limiter).
+
+        Recording only what changed keeps the 20 entries useful: a pool that sits stabilized
+        for ten minutes would otherwise flush the interesting decisions out in under two.
+        """
+        decisions = self.previous.decisions
+        last = decisions[-1] if decisions else None
+        current = self.observation.current_replicas
+        summary = (current, raw, desired, limited_by)
+        if last is not None and (last.current_replicas, last.raw_recommendation, last.desired_replicas,
+                                 last.limited_by) == summary:
+            return None
+        if last is None and summary == (current, current, current, None):
+            return None
+        result: DecisionResult = (
+            "ScaleUp" if desired > current else "ScaleDown" if desired < current else "NoChange"
+        )
+        readings = tuple(
+            MetricReading(
+                name=o.key,
+                value=None if o.value is None else format_quantity(o.value),
+                target=format_quantity(o.target),
+                replicas=o.replicas,
+            )
+            for o in self.outcomes
+        )
+        return DecisionRecord(
+            id=last.id + 1 if last else 1,
+            time=format_time(self.observation.now),
+            current_replicas=current,
+            metrics=readings,
+            raw_recommendation=raw,
+            limited_by=limited_by,
+            desired_replicas=desired,
+            result=result,
+            applied=self.spec.mode == "Auto" and result != "NoChange",
+        )
 
 
-def _conditions(limited_by: str | None) -> tuple[Condition, ...]:
-    """HPA's three conditions for the stage that limited the decision."""
-    inactive = limited_by in _INACTIVE
-    active = Condition(
-        "ScalingActive",
-        not inactive,
-        limited_by if inactive and limited_by else "ValidMetricFound",
-        _INACTIVE[limited_by] if inactive and limited_by else "the metrics were read and a count computed",
+def _conditions(limited_by: str | None, inactive: str | None) -> tuple[Condition, ...]:
+    """HPA's three conditions: is there a usable signal, was it stabilized, was it clamped."""
+    active = (
+        Condition("ScalingActive", False, inactive, _INACTIVE[inactive])
+        if inactive
+        else Condition("ScalingActive", True, "ValidMetricFound", "the metrics gave a count")
     )
-    stabilized = limited_by in _STABILIZED
-    able = Condition(
-        "AbleToScale",
-        True,
-        limited_by if stabilized and limited_by else "ReadyForNewScale",
-        _MESSAGES[limited_by] if stabilized and limited_by else "the recommendation is applied as computed",
+    able = (
+        Condition("AbleToScale", True, limited_by, _MESSAGES[limited_by])
+        if limited_by in _STABILIZED and limited_by
+        else Condition("AbleToScale", True, "ReadyForNewScale", "the recommendation is applied as computed")
     )
-    clamped = limited_by is not None and not stabilized and not inactive
-    limited = Condition(
-        "ScalingLimited",
-        clamped,
-        limited_by if clamped and limited_by else "DesiredWithinRange",
-        _MESSAGES[limited_by] if clamped and limited_by else "the desired count is within the acceptable range",
+    limited = (
+        Condition("ScalingLimited", True, limited_by, _MESSAGES[limited_by])
+        if limited_by in _MESSAGES and limited_by not in _STABILIZED and limited_by
+        else Condition("ScalingLimited", False, "DesiredWithinRange", "the desired count is within the range")
     )
     return (active, able, limited)

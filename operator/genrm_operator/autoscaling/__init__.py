@@ -1,0 +1,20 @@
+"""The autoscaler's control law, pure: observations and status in, a decision and the next status out.
+
+No Kubernetes, kopf, HTTP or Prometheus client here (an import-linter contract enforces
+it): the operator shell scrapes, builds an :class:`Observation`, calls :func:`decide`
+once per ``intervalSeconds`` and persists ``Decision.status`` in ``status.autoscaler``.
+"""
+
+from .decide import Condition, Decision, decide
+from .metrics import MetricOutcome
+from .observation import Observation, ReplicaSample, ReplicaState
+
+__all__ = [
+    "Condition",
+    "Decision",
+    "MetricOutcome",
+    "Observation",
+    "ReplicaSample",
+    "ReplicaState",
+    "decide",
+]
