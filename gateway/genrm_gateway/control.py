@@ -1,0 +1,146 @@
+"""Probes, the drain control API and ``/metrics``: the low-rate routes, on FastAPI.
+
+Why separate from the proxied path: these routes need validation, auth and documentation more
+than speed, and none of them may depend on the engine's request path (liveness never touches
+the engine at all).
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, Request, Response
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
+
+from genrm_gateway.admission import Admission
+from genrm_gateway.config import read_control_token
+from genrm_gateway.drain import DrainConflict, DrainController, DrainState, Phase
+from genrm_gateway.engine import EngineMonitor
+from genrm_gateway.errors import REASON_HEADER, error_body
+from genrm_gateway.metrics import GatewayMetrics
+from genrm_gateway.routes import BLOCKED_ENGINE_PATHS
+
+
+class DrainRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    drain_id: str = Field(alias="drainId", min_length=1)
+    phase: Phase
+    quiet_seconds: float | None = Field(default=None, alias="quietSeconds", ge=0)
+
+
+class UndrainRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    drain_id: str = Field(alias="drainId", min_length=1)
+
+
+class ControlError(Exception):
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+
+
+def _error(code: int, reason: str, message: str) -> Response:
+    return Response(error_body(code, reason, message), code, media_type="application/json",
+                    headers={REASON_HEADER.decode(): reason})
+
+
+def require_token(authorization: Annotated[str | None, Header()] = None) -> None:
+    """Bearer auth for the control API: missing → 401, wrong → 403, compared in constant time."""
+    if not authorization:
+        raise ControlError(401, "unauthenticated", "a bearer token is required")
+    scheme, _, presented = authorization.partition(" ")
+    expected = read_control_token()
+    if scheme.lower() != "bearer" or expected is None or not hmac.compare_digest(
+            presented.strip().encode(), expected.encode()):
+        raise ControlError(403, "forbidden", "the bearer token is not valid for this gateway")
+
+
+def create_control_app(admission: Admission, drain: DrainController, engine: EngineMonitor,
+                       metrics: GatewayMetrics) -> FastAPI:
+    app = FastAPI(title="genrm-gateway", docs_url=None, redoc_url=None)
+    authorized = [Depends(require_token)]
+
+    def state_document() -> dict[str, Any]:
+        state = drain.state
+        idle = drain.idle_seconds()
+        return {
+            "state": state.value,
+            "drainId": drain.drain_id,
+            "inflight": admission.inflight,
+            "admittedTotal": admission.admitted_total,
+            "completedTotal": admission.completed_total,
+            "refusedTotal": admission.refused_total,
+            "engine": {
+                "up": engine.up,
+                "healthy": engine.healthy,
+                "runningRequests": engine.load.running,
+                "queuedRequests": engine.load.queued,
+                "tokenUsage": engine.load.token_usage,
+            },
+            "idleSinceSeconds": None if idle is None else round(idle, 3),
+        }
+
+    @app.exception_handler(ControlError)
+    async def control_error(request: Request, exc: ControlError) -> Response:
+        return _error(exc.code, exc.reason, str(exc))
+
+    @app.exception_handler(DrainConflict)
+    async def drain_conflict(request: Request, exc: DrainConflict) -> Response:
+        return _error(409, "drainConflict", str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> Response:
+        return _error(400, "badRequest", "; ".join(str(e.get("msg")) for e in exc.errors()))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        if exc.status_code == 404 and request.url.path in BLOCKED_ENGINE_PATHS:
+            metrics.refused("notAllowed")
+            return _error(403, "notAllowed", f"{request.url.path} is not reachable through the gateway")
+        reason = {404: "notFound", 405: "methodNotAllowed"}.get(exc.status_code, "httpError")
+        metrics.refused(reason)
+        return _error(exc.status_code, reason, str(exc.detail))
+
+    @app.get("/healthz/live")
+    async def live() -> dict[str, str]:
+        return {"status": "live"}
+
+    @app.get("/healthz/ready")
+    async def ready() -> Response:
+        state = drain.state
+        if not engine.up:
+            reason = "engineDown"
+        elif not engine.healthy:
+            reason = "engineUnhealthy"
+        elif state is not DrainState.SERVING:
+            reason = "draining"
+        else:
+            return Response(b'{"ready":true}', media_type="application/json")
+        return Response(error_body(503, reason, f"not ready: state {state.value}"), 503,
+                        media_type="application/json")
+
+    @app.get("/v1/state", dependencies=authorized)
+    async def get_state() -> dict[str, Any]:
+        return state_document()
+
+    @app.post("/v1/drain", dependencies=authorized)
+    async def post_drain(request: DrainRequest) -> dict[str, Any]:
+        drain.drain(request.drain_id, request.phase, request.quiet_seconds)
+        return state_document()
+
+    @app.post("/v1/undrain", dependencies=authorized)
+    async def post_undrain(request: UndrainRequest) -> dict[str, Any]:
+        drain.undrain(request.drain_id)
+        return state_document()
+
+    @app.get("/metrics")
+    async def get_metrics() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app

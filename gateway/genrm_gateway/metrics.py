@@ -1,0 +1,88 @@
+"""The gateway's Prometheus series, and the engine's load re-exported under ``genrm_`` names.
+
+Why re-export: the autoscaler then scrapes one endpoint per pod and never reaches the engine
+(which listens on loopback only). State-derived gauges are computed at scrape time, so the
+request path pays only for one counter and one histogram update.
+
+``genrm_gateway_drain_state`` is one-hot: one sample per state (``state`` label), 1 for the
+current state and 0 for the others. Engine load series are omitted while the load is unknown,
+because a missing series must never read as an idle engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from genrm_gateway.admission import Admission
+from genrm_gateway.drain import DrainController, DrainState
+from genrm_gateway.engine import EngineMonitor
+
+_DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                     30.0, 60.0, 120.0, 300.0, 600.0)
+
+
+class _StateCollector(Collector):
+    def __init__(self, admission: Admission, drain: DrainController, engine: EngineMonitor) -> None:
+        self._admission = admission
+        self._drain = drain
+        self._engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("genrm_gateway_inflight_requests",
+                                "Requests admitted and not yet fully answered",
+                                value=self._admission.inflight)
+        current = self._drain.state
+        drain = GaugeMetricFamily("genrm_gateway_drain_state",
+                                  "Drain state, one-hot: 1 for the current state", labels=["state"])
+        for state in DrainState:
+            drain.add_metric([state.value], 1.0 if state is current else 0.0)
+        yield drain
+        yield GaugeMetricFamily("genrm_gateway_engine_up", "Whether the engine answers HTTP",
+                                value=1.0 if self._engine.up else 0.0)
+        load = self._engine.load
+        for name, doc, value in (
+            ("genrm_engine_running_requests", "Requests in the engine's running batch", load.running),
+            ("genrm_engine_queued_requests", "Requests in the engine's waiting queue", load.queued),
+            ("genrm_engine_kv_cache_usage_ratio", "Engine KV-cache token usage (0..1)", load.token_usage),
+        ):
+            family = GaugeMetricFamily(name, doc)
+            if value is not None:
+                family.add_metric([], float(value))
+            yield family
+
+
+class GatewayMetrics:
+    """Per-request counters and histograms, with label children cached for the hot path."""
+
+    def __init__(self, admission: Admission, drain: DrainController, engine: EngineMonitor) -> None:
+        self.registry = CollectorRegistry()
+        self._requests = Counter("genrm_gateway_requests", "Requests answered, by route and status code",
+                                 ["route", "code"], registry=self.registry)
+        self._duration = Histogram("genrm_gateway_request_duration_seconds",
+                                   "Time from admission to the last response byte", ["route"],
+                                   registry=self.registry, buckets=_DURATION_BUCKETS)
+        self._refused = Counter("genrm_gateway_refused", "Requests refused by the gateway, by reason",
+                                ["reason"], registry=self.registry)
+        self.registry.register(_StateCollector(admission, drain, engine))
+        self._request_children: dict[tuple[str, int], Counter] = {}
+        self._duration_children: dict[str, Histogram] = {}
+
+    def observe(self, route: str, code: int, seconds: float) -> None:
+        child = self._request_children.get((route, code))
+        if child is None:
+            child = self._request_children[(route, code)] = self._requests.labels(route, str(code))
+        child.inc()
+        histogram = self._duration_children.get(route)
+        if histogram is None:
+            histogram = self._duration_children[route] = self._duration.labels(route)
+        histogram.observe(seconds)
+
+    def refused(self, reason: str) -> None:
+        self._refused.labels(reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,267 @@
+"""A pooled keep-alive HTTP/1.1 client for the one engine behind the gateway.
+
+Why hand-rolled: the proxied path's CPU cost is the gateway's whole overhead, and on a 2-core pod
+a general-purpose client (httpx, aiohttp) costs more per request than the engine's own HTTP
+stack. Here a request is one ``write`` of pre-joined bytes on a pooled connection, and the
+response is parsed by httptools (the parser uvicorn uses) straight into the waiting exchange.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import cast
+
+import httptools
+
+from genrm_gateway.config import EngineAddress
+
+# uvicorn (and so SGLang) closes idle keep-alive connections after 5 s; reusing one just before
+# that would race the close, so older idle connections are dropped instead.
+_MAX_IDLE_SECONDS = 4.0
+
+
+class EngineError(Exception):
+    """The engine could not produce a complete response; ``reason`` goes into the JSON error."""
+
+    reason = "engineError"
+
+
+class EngineUnavailable(EngineError):
+    reason = "engineUnavailable"
+
+
+class EngineDisconnected(EngineError):
+    reason = "engineDisconnected"
+
+
+class ClientGone(Exception):
+    """The downstream client disconnected; the engine request should be aborted."""
+
+
+class Exchange:
+    """One request/response on an engine connection, filled in by the connection's parser."""
+
+    __slots__ = ("_body", "_complete", "_connection", "_error", "_head", "_waiter", "headers", "status",
+                 "streamed")
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.streamed = False
+        self._body: list[bytes] = []
+        self._head = False
+        self._complete = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._connection: _Connection | None = None
+
+    @property
+    def answered(self) -> bool:
+        """Whether any part of the response arrived (a retry would then repeat engine work)."""
+        return self._head
+
+    def fail(self, error: BaseException) -> None:
+        """End the exchange with ``error`` unless it already completed."""
+        if not self._complete and self._error is None:
+            self._error = error
+            self._wake()
+
+    def rearm(self) -> None:
+        """Forget a connection failure that happened before any answer, to retry elsewhere."""
+        self._error = None
+        self._connection = None
+
+    def discard(self) -> None:
+        """Give up on the response: its connection cannot be reused, so close it."""
+        connection, self._connection = self._connection, None
+        if connection is not None and not self._complete:
+            connection.close()
+
+    async def wait_head(self) -> None:
+        while not self._head:
+            await self._wait()
+
+    async def read(self) -> bytes:
+        while not self._complete:
+            await self._wait()
+        return b"".join(self._body)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives (chunked responses, e.g. SSE streams)."""
+        while True:
+            if self._body:
+                chunk = b"".join(self._body)
+                self._body.clear()
+                yield chunk
+            elif self._complete:
+                return
+            else:
+                await self._wait()
+
+    async def _wait(self) -> None:
+        if self._error is not None:
+            raise self._error
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        await waiter
+
+    def _wake(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _on_head(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.status = status
+        self.headers = headers
+        self.streamed = not any(name == b"content-length" for name, _ in headers)
+        self._head = True
+        self._wake()
+
+    def _on_body(self, data: bytes) -> None:
+        self._body.append(data)
+        if self.streamed:
+            self._wake()
+
+    def _on_complete(self) -> None:
+        self._complete = True
+        self._connection = None
+        self._wake()
+
+
+class _Connection(asyncio.Protocol):
+    """A keep-alive engine connection serving one exchange at a time."""
+
+    def __init__(self, pool: EnginePool) -> None:
+        self._pool = pool
+        self._transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._exchange: Exchange | None = None
+        self._headers: list[tuple[bytes, bytes]] = []
+        self.closed = False
+        self.idle_since = 0.0
+
+    def start(self, exchange: Exchange, data: bytes) -> None:
+        assert self._transport is not None
+        self._exchange = exchange
+        exchange._connection = self
+        self._transport.write(data)
+
+    def close(self) -> None:
+        self.closed = True
+        if self._transport is not None:
+            self._transport.close()
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+
+    def data_received(self, data: bytes) -> None:
+        if self._exchange is None:
+            self.close()
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._exchange.fail(EngineDisconnected(f"malformed engine response: {exc}"))
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        exchange, self._exchange = self._exchange, None
+        if exchange is not None:
+            exchange.fail(EngineDisconnected("the engine closed the connection mid-request"))
+
+    # httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        headers, self._headers = self._headers, []
+        if self._exchange is not None:
+            self._exchange._on_head(self._parser.get_status_code(), headers)
+
+    def on_body(self, body: bytes) -> None:
+        if self._exchange is not None:
+            self._exchange._on_body(body)
+
+    def on_message_complete(self) -> None:
+        exchange, self._exchange = self._exchange, None
+        keep_alive = self._parser.should_keep_alive()
+        if exchange is not None:
+            exchange._on_complete()
+        if keep_alive and not self.closed:
+            self._pool._release(self)
+        else:
+            self.close()
+
+
+class EnginePool:
+    """Idle keep-alive connections to the engine, most recently used first."""
+
+    def __init__(self, address: EngineAddress) -> None:
+        self._address = address
+        self._idle: list[_Connection] = []
+        self.host_header = address.authority.encode()
+
+    async def send(self, exchange: Exchange, data: bytes) -> None:
+        """Send a request and wait for the response head.
+
+        A reused connection that dies before any response byte is retried once on a fresh
+        connection: that is the keep-alive close race, and judge requests are pure functions.
+        """
+        connection = self._take_idle()
+        if connection is not None:
+            connection.start(exchange, data)
+            try:
+                await exchange.wait_head()
+                return
+            except EngineDisconnected:
+                if exchange.answered:
+                    raise
+                exchange.rearm()
+        (await self._connect()).start(exchange, data)
+        await exchange.wait_head()
+
+    async def request(self, method: str, path: str, payload: object = None,
+                      limit_seconds: float = 5.0) -> tuple[int, bytes]:
+        """A small complete request (probes, aborts); raises EngineError or TimeoutError."""
+        body = b"" if payload is None else json.dumps(payload).encode()
+        head = (f"{method} {path} HTTP/1.1\r\nhost: {self._address.authority}\r\n"
+                f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n").encode()
+        exchange = Exchange()
+        try:
+            async with asyncio.timeout(limit_seconds):
+                await self.send(exchange, head + body)
+                return exchange.status, await exchange.read()
+        finally:
+            exchange.discard()
+
+    def close(self) -> None:
+        for connection in self._idle:
+            connection.close()
+        self._idle.clear()
+
+    def _take_idle(self) -> _Connection | None:
+        now = time.monotonic()
+        while self._idle:
+            connection = self._idle.pop()
+            if not connection.closed and now - connection.idle_since < _MAX_IDLE_SECONDS:
+                return connection
+            connection.close()
+        return None
+
+    def _release(self, connection: _Connection) -> None:
+        connection.idle_since = time.monotonic()
+        self._idle.append(connection)
+
+    async def _connect(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            _, connection = await loop.create_connection(
+                lambda: _Connection(self), self._address.host, self._address.port)
+        except OSError as exc:
+            raise EngineUnavailable(f"cannot connect to the engine at {self._address.authority}: "
+                                    f"{exc.strerror or exc}") from exc
+        return connection
