@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from .autoscaling import AutoscalerStatus, AutoscalingSpec
 from .base import ApiModel, cel, validations
 from .spec import (
     IMMUTABLE_HINT,
@@ -46,6 +47,8 @@ class GenRMPoolSpec(ApiModel):
     """The pool's Service."""
     disruption_budget: DisruptionBudgetSpec = Field(default_factory=DisruptionBudgetSpec)
     """The pool's PodDisruptionBudget."""
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
+    """Built-in HPA-style autoscaler driven by the replicas' own metrics (mode Off by default)."""
 
 
 class GenRMPoolStatus(ApiModel):
@@ -76,3 +79,5 @@ class GenRMPoolStatus(ApiModel):
     """Operations started so far (ids are op-<n>)."""
     history: list[HistoryEntry] = Field(default_factory=list)
     """The last finished operations, newest last."""
+    autoscaler: AutoscalerStatus | None = None
+    """The built-in autoscaler's memory (recommendation history) and its last decisions."""

@@ -19,7 +19,6 @@ count)``: creates only ever fill a shortfall below ``spec.replicas``.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from ..api.pool import GenRMPoolStatus
