@@ -92,9 +92,16 @@ class KubeAPI:
     def delete(self, path: str, body: JSON | None = None) -> JSON:
         return self.request("DELETE", path, body)
 
-    def watch(self, path: str, resource_version: str, timeout_seconds: int = 300) -> Iterator[JSON]:
+    def watch(
+        self,
+        path: str,
+        resource_version: str,
+        params: dict[str, str] | None = None,
+        timeout_seconds: int = 300,
+    ) -> Iterator[JSON]:
         """Yield watch events (`{"type": ..., "object": ...}`) until the server ends the stream."""
         params = {
+            **(params or {}),
             "watch": "true",
             "resourceVersion": resource_version,
             "allowWatchBookmarks": "true",

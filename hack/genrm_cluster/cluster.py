@@ -1,0 +1,122 @@
+"""`LocalCluster`: the control plane plus the node agent, as one context manager.
+
+Why one object: tests, `genrm-cluster up` and `make dev` all want the same thing — a working
+cluster, its kubeconfig, kubectl, pod logs — and the same clean teardown (pods, network
+namespaces, control-plane processes, work dir), whatever goes wrong in between.
+
+    with LocalCluster(nodes=1, gpus_per_node=8) as c:
+        c.kubectl("apply", "-f", "pool.yaml")
+        print(c.kubeconfig, c.logs_for("demo-0"))
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import TracebackType
+
+from genrm_cluster.controlplane import ControlPlane
+from genrm_cluster.kubeapi import KubeAPI
+from genrm_cluster.nodeagent import NodeAgent, NodeConfig
+
+log = logging.getLogger("genrm_cluster")
+
+
+class LocalCluster:
+    """A local Kubernetes cluster: real control plane, pods as processes in network namespaces.
+
+    `workdir` defaults to a fresh dir under /dev/shm and is removed on exit unless `keep_workdir`
+    (or env GENRM_KEEP_WORKDIR=1) is set, so logs can be inspected after a failure.
+    """
+
+    def __init__(
+        self,
+        nodes: int = 1,
+        gpus_per_node: int = 8,
+        workdir: Path | None = None,
+        bin_dir: Path | None = None,
+        keep_workdir: bool | None = None,
+    ) -> None:
+        base = "/dev/shm" if Path("/dev/shm").is_dir() else None
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="genrm-cluster-", dir=base))
+        self.keep_workdir = (os.environ.get("GENRM_KEEP_WORKDIR") == "1"
+                             if keep_workdir is None else keep_workdir)
+        self.control_plane = ControlPlane(self.workdir, bin_dir)
+        self.node_configs = [NodeConfig(f"node-{i + 1}", gpus=gpus_per_node) for i in range(nodes)]
+        self._agent: NodeAgent | None = None
+
+    @property
+    def kubeconfig(self) -> Path:
+        """Admin kubeconfig (system:masters)."""
+        return self.control_plane.kubeconfig
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.control_plane.bin_dir
+
+    @property
+    def api(self) -> KubeAPI:
+        return self.control_plane.api
+
+    @property
+    def agent(self) -> NodeAgent:
+        if self._agent is None:
+            raise RuntimeError("cluster not started")
+        return self._agent
+
+    def env(self) -> dict[str, str]:
+        """The current environment plus KUBECONFIG and the binaries (kubectl, helm) on PATH."""
+        return {**os.environ, "KUBECONFIG": str(self.kubeconfig),
+                "PATH": f"{self.bin_dir}:{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None,
+                timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+        """Run the built kubectl against this cluster; output captured as text."""
+        return subprocess.run([str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
+                              check=check, input=input, capture_output=True, text=True, timeout=timeout)
+
+    def logs_for(self, pod: str, namespace: str = "default") -> dict[str, Path]:
+        """Container name → log file of the newest pod with that name run by the agent."""
+        return self.agent.log_paths(namespace, pod)
+
+    def component_logs(self) -> dict[str, Path]:
+        """Component name (etcd, kube-apiserver, ...) → log file."""
+        return dict(self.control_plane.logs)
+
+    def start(self) -> None:
+        try:
+            self.control_plane.start()
+            log.info("control plane up; kubeconfig %s", self.kubeconfig)
+            self._agent = NodeAgent(self.api, self.node_configs, self.workdir)
+            self._agent.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Kill pods and remove their network, stop the control plane, remove the work dir."""
+        if self._agent is not None:
+            self._agent.stop()
+            self._agent = None
+        self.control_plane.stop()
+        if self.keep_workdir:
+            log.info("work dir kept: %s", self.workdir)
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

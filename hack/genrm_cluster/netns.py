@@ -1,0 +1,169 @@
+"""Pod networking: one Linux network namespace per pod, bridged to the host.
+
+Why: EndpointSlices reject loopback addresses, so pods need real, non-loopback IPs; and the
+containers of one pod must share a network (the engine binds 127.0.0.1 and only its sidecar
+reaches it), exactly like a real pod. The design:
+
+* A host bridge `genrm<slot>` holds the first address of the slot's private /16
+  (slot 0: bridge `genrm0`, 10.244.0.1/16; slot 1: `genrm1`, 10.245.0.1/16; ...). That address is
+  also the nodes' InternalIP and the pods' hostIP.
+* Each pod gets a namespace `genrm<slot>-<n>` with `lo` up and a veth pair: `eth0` inside with the
+  pod IP (10.244.x.y/16), `gv<slot>-<n>` on the bridge. Containers run under `ip netns exec`, so
+  processes of one pod talk over 127.0.0.1 and the host (agent probes, operator, tests) reaches
+  them at podIP:port through the bridge. Pods reach each other over the bridge.
+* Pods get no default route: from inside a pod only the pod subnet is reachable, so nothing can
+  leave the host. On the host, `blackhole 10.96.0.0/16` (the service CIDR) makes stray ClusterIP
+  dials fail locally; there is no kube-proxy.
+* A slot is owned through an flock on /run/genrm-cluster/slot-<slot>.lock held for the agent's
+  lifetime, so concurrent clusters on one host do not collide. On acquiring a slot, leftovers of a
+  crashed run with that slot's name prefix (namespaces and the processes in them, veths, bridge)
+  are removed; on release everything is removed again, and the blackhole route too when no other
+  slot is in use.
+* Pods cannot reach the apiserver (it listens on the host's 127.0.0.1 only); the project's pods do
+  not need it.
+
+Needs root (CAP_NET_ADMIN) and iproute2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import ipaddress
+import os
+import signal
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+SERVICE_CIDR = "10.96.0.0/16"
+LOCK_DIR = Path("/run/genrm-cluster")
+MAX_SLOTS = 8
+
+
+class NetworkError(RuntimeError):
+    """An `ip` command failed."""
+
+
+def ip(*args: str, check: bool = True) -> str:
+    """Run `ip <args>` and return stdout; raise `NetworkError` with stderr when `check` fails."""
+    result = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise NetworkError(f"ip {' '.join(args)}: {result.stderr.strip()}")
+    return result.stdout
+
+
+@dataclass(frozen=True)
+class PodNetns:
+    """The network of one pod."""
+
+    name: str
+    ip: str
+    host_veth: str
+
+    def exec_prefix(self) -> list[str]:
+        """Prefix for a command so it runs inside this pod's network namespace."""
+        return ["ip", "netns", "exec", self.name]
+
+
+class PodNetwork:
+    """Owns a slot (bridge + /16) and hands out per-pod namespaces; see the module docstring."""
+
+    def __init__(self) -> None:
+        self._lock_file: IO[bytes] | None = None
+        self.slot = -1
+        self._counter = 0
+        self._mutex = threading.Lock()
+        self.network = ipaddress.IPv4Network("10.244.0.0/16")
+
+    @property
+    def bridge(self) -> str:
+        return f"genrm{self.slot}"
+
+    @property
+    def host_ip(self) -> str:
+        return str(self.network[1])
+
+    def setup(self) -> None:
+        """Take a free slot, clean its leftovers, create the bridge and the blackhole route."""
+        LOCK_DIR.mkdir(parents=True, exist_ok=True)
+        for slot in range(MAX_SLOTS):
+            lock = (LOCK_DIR / f"slot-{slot}.lock").open("wb")
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.close()
+                continue
+            self._lock_file, self.slot = lock, slot
+            break
+        else:
+            raise NetworkError(f"all {MAX_SLOTS} pod-network slots are in use")
+        self.network = ipaddress.IPv4Network(f"10.{244 + self.slot}.0.0/16")
+        self._remove_slot_objects()
+        ip("link", "add", self.bridge, "type", "bridge")
+        ip("addr", "add", f"{self.host_ip}/{self.network.prefixlen}", "dev", self.bridge)
+        ip("link", "set", self.bridge, "up")
+        ip("route", "replace", "blackhole", SERVICE_CIDR)
+
+    def add_pod(self) -> PodNetns:
+        """Create a namespace with `lo` up and a veth to the bridge carrying a fresh pod IP."""
+        with self._mutex:
+            self._counter += 1
+            n = self._counter
+        pod = PodNetns(f"genrm{self.slot}-{n}", str(self.network[n + 1]), f"gv{self.slot}-{n}")
+        ip("netns", "add", pod.name)
+        ip("link", "add", pod.host_veth, "type", "veth", "peer", "name", "eth0", "netns", pod.name)
+        ip("link", "set", pod.host_veth, "master", self.bridge, "up")
+        ip("-n", pod.name, "addr", "add", f"{pod.ip}/{self.network.prefixlen}", "dev", "eth0")
+        ip("-n", pod.name, "link", "set", "eth0", "up")
+        ip("-n", pod.name, "link", "set", "lo", "up")
+        return pod
+
+    def remove_pod(self, pod: PodNetns) -> None:
+        """Kill anything still inside the namespace, then delete it and its veth."""
+        _remove_netns(pod.name)
+        ip("link", "del", pod.host_veth, check=False)
+
+    def teardown(self) -> None:
+        """Remove every object of the slot, release it, and drop the route if no slot is in use."""
+        if self._lock_file is None:
+            return
+        self._remove_slot_objects()
+        self._lock_file.close()
+        self._lock_file = None
+        if not _any_slot_locked():
+            ip("route", "del", "blackhole", SERVICE_CIDR, check=False)
+
+    def _remove_slot_objects(self) -> None:
+        prefix = f"genrm{self.slot}-"
+        for line in ip("netns", "list").splitlines():
+            name = line.split()[0] if line.strip() else ""
+            if name.startswith(prefix):
+                _remove_netns(name)
+        for line in ip("-o", "link", "show").splitlines():
+            link = line.split(":")[1].strip().split("@")[0]
+            if link.startswith(f"gv{self.slot}-"):
+                ip("link", "del", link, check=False)
+        ip("link", "del", self.bridge, check=False)
+
+
+def _remove_netns(name: str) -> None:
+    for pid in ip("netns", "pids", name, check=False).split():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+    ip("netns", "del", name, check=False)
+
+
+def _any_slot_locked() -> bool:
+    for slot in range(MAX_SLOTS):
+        path = LOCK_DIR / f"slot-{slot}.lock"
+        if not path.exists():
+            continue
+        with path.open("wb") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+    return False
