@@ -9,8 +9,14 @@ Order of the stages, each of which may change the count and is then named in
 3. panic (optional): a raw recommendation at ``threshold`` x the current count starts a
    panic; while it lasts the up window shrinks to the panic window and nothing scales down;
 4. stabilization windows (:mod:`.stabilize`);
-5. unschedulable replicas stop any growth: more pods cannot schedule either;
-6. rate policies and bounds (:mod:`.policies`).
+5. replicas on the way: while replicas that this autoscaler added are still starting, no
+   further scale-up (unless panicking). Starting replicas already count as capacity in the
+   proposals; this hold covers what the gauges cannot tell apart: the backlog that piles
+   up on the serving replicas during a minutes-long model load inflates InFlight and
+   Queue, and following it would order replicas that are idle once the first ones serve
+   (the cascade of Knative #4344, KServe #871; WVA and Dynamo hold the same way);
+6. unschedulable replicas stop any growth: more pods cannot schedule either;
+7. rate policies and bounds (:mod:`.policies`).
 
 The function is pure: everything it remembers goes into the returned status, which the
 caller persists (in mode Auto after writing ``spec.replicas``).
@@ -35,7 +41,7 @@ from genrm_operator.api.autoscaling import (
 )
 
 from .metrics import MetricOutcome, Tolerance, evaluate
-from .observation import Observation
+from .observation import Observation, ReplicaState
 from .policies import limit, record_event
 from .recommend import recommend
 from .stabilize import remember, stabilize
@@ -89,6 +95,7 @@ _MESSAGES = {
     "TooFewReplicas": "the desired count is below minReplicas",
     "Unschedulable": "replicas cannot be scheduled; not adding more until they are",
     "Panic": "panic mode: no scale-down until the burst has passed",
+    "Pending": "replicas added earlier are still starting; no further scale-up until they serve",
     "MetricsFailed": "a metric failed; scale-down is blocked until it reads again",
 }
 
@@ -154,6 +161,8 @@ class _Step:
             reason = "ScaleUpStabilized" if raw >= current else "ScaleDownStabilized"
         if self.panicking and desired < current:
             desired, reason = current, "Panic"
+        if desired > current and not self.panicking and self._own_replicas_starting():
+            desired, reason = current, "Pending"
         if self.observation.unschedulable > 0 and desired > current:
             desired, reason = current, "Unschedulable"
         limited, limiter = limit(
@@ -166,6 +175,13 @@ class _Step:
             }
         )
         return self.conclude(raw, limited, limiter or reason, inactive=inactive)
+
+    def _own_replicas_starting(self) -> bool:
+        """True while replicas are starting and this autoscaler's last applied change added replicas."""
+        if self.observation.count(ReplicaState.STARTING) <= self.observation.unschedulable:
+            return False
+        applied = [d for d in self.status.decisions if d.applied]
+        return bool(applied) and applied[-1].result == "ScaleUp"
 
     def _panic_until(self, raw: int) -> datetime | None:
         """When the panic (if any) ends: ``window_seconds`` after the last crossing of the threshold."""
