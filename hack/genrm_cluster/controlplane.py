@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import ssl
 import subprocess
 import time
 from pathlib import Path
@@ -166,7 +167,8 @@ class ControlPlane:
             "--enable-priority-and-fairness=false",
             "--profiling=false", "--v=1",
         ])
-        self._wait_http("kube-apiserver", f"{self.server}/readyz", verify=str(pki.ca.cert))
+        self._wait_http("kube-apiserver", f"{self.server}/readyz",
+                        verify=ssl.create_default_context(cafile=str(pki.ca.cert)))
         self._api = KubeAPI(self.server, pki.ca.cert, admin.cert, admin.key)
 
         for name, kubeconfig, extra in (
@@ -206,7 +208,7 @@ class ControlPlane:
             return "\n".join(self.logs[name].read_text(errors="replace").splitlines()[-lines:])
         return ""
 
-    def _wait_http(self, name: str, url: str, verify: bool | str) -> None:
+    def _wait_http(self, name: str, url: str, verify: bool | ssl.SSLContext) -> None:
         """Poll a health URL on loopback until it answers 200 (or the component dies)."""
         deadline = time.monotonic() + START_TIMEOUT
         with httpx.Client(verify=verify, timeout=3.0) as client:

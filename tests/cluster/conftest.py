@@ -1,0 +1,18 @@
+"""One local cluster per test session (starting one costs a few seconds of 2 shared cores)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+
+import pytest
+from genrm_cluster.cluster import LocalCluster
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[LocalCluster]:
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("the local cluster needs root and iproute2 (network namespaces)")
+    with LocalCluster(nodes=1, gpus_per_node=8) as c:
+        yield c

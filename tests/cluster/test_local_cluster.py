@@ -1,0 +1,219 @@
+"""The launcher and the node agent against the real control plane.
+
+Pods here run small Python/sh programs; they are reached only at their pod IPs (addresses inside
+network namespaces the agent created) or over loopback inside the pod.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from genrm_cluster.cluster import LocalCluster
+from genrm_cluster.kubeapi import ApiError
+
+pytestmark = pytest.mark.cluster
+
+JSON = dict[str, Any]
+
+
+def pod_manifest(name: str, container: JSON, **spec: Any) -> JSON:
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {"terminationGracePeriodSeconds": 10, "containers": [{"image": "none", **container}],
+                 **spec},
+    }
+
+
+def create(cluster: LocalCluster, manifest: JSON) -> None:
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+
+
+def get_pod(cluster: LocalCluster, name: str) -> JSON:
+    return cluster.api.get(f"/api/v1/namespaces/default/pods/{name}")
+
+
+def wait_for(cluster: LocalCluster, pod: str, what: str, check: Callable[[], bool],
+             timeout: float = 30.0) -> None:
+    """Poll `check`; on timeout fail with the pod object and its container logs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.3)
+    try:
+        state = json.dumps(get_pod(cluster, pod).get("status"), indent=1)
+    except ApiError as err:
+        state = str(err)
+    logs = "\n".join(f"--- {c} ({p}):\n{p.read_text()[-2000:]}"
+                     for c, p in cluster.logs_for(pod).items() if p.exists())
+    pytest.fail(f"pod {pod}: not {what} after {timeout}s\nstatus: {state}\n{logs}")
+
+
+def volume_dir(cluster: LocalCluster, pod: str, volume: str) -> Path:
+    """Where the agent materialised a pod's volume (next to its logs dir)."""
+    log = next(iter(cluster.logs_for(pod).values()))
+    return log.parent.parent / "volumes" / volume
+
+
+def condition(pod: JSON, kind: str) -> JSON:
+    return next((c for c in pod["status"].get("conditions", []) if c["type"] == kind), {})
+
+
+def test_api_healthy_and_kubectl_works(cluster: LocalCluster) -> None:
+    assert cluster.kubectl("get", "--raw", "/readyz").stdout == "ok"
+    version = json.loads(cluster.kubectl("version", "-o", "json").stdout)
+    assert version["serverVersion"]["gitVersion"] == "v1.36.3"
+    assert "default" in cluster.kubectl("get", "serviceaccounts", "-o", "name").stdout
+
+
+def test_node_registered_ready_with_gpus(cluster: LocalCluster) -> None:
+    node = cluster.api.get("/api/v1/nodes/node-1")
+    assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+    assert condition({"status": node["status"]}, "Ready")["status"] == "True"
+    assert not node["spec"].get("taints")
+    lease = cluster.api.get("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/node-1")
+    assert lease["spec"]["holderIdentity"] == "node-1"
+
+
+def test_readiness_drives_ready_and_endpoints(cluster: LocalCluster) -> None:
+    """Ready follows the readiness probe both ways; the Service's EndpointSlice follows Ready."""
+    create(cluster, pod_manifest("web", {
+        "name": "web",
+        "command": ["sh", "-c", "touch /data/ready && exec python3 -m http.server 8080 --directory /data"],
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080}, "periodSeconds": 1,
+                           "failureThreshold": 1},
+        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+    }, volumes=[{"name": "data", "emptyDir": {}}]))
+    create(cluster, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+                     "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}})
+    wait_for(cluster, "web", "Ready", lambda: condition(get_pod(cluster, "web"), "Ready").get("status") == "True")
+
+    pod = get_pod(cluster, "web")
+    pod_ip = pod["status"]["podIP"]
+    assert pod["status"]["phase"] == "Running"
+    assert pod_ip.startswith("10.") and not pod_ip.startswith("127.")
+    assert pod["status"]["containerStatuses"][0]["ready"] is True
+    with urllib.request.urlopen(f"http://{pod_ip}:8080/ready", timeout=5) as response:
+        assert response.status == 200
+
+    def endpoint_ready() -> bool | None:
+        slices = cluster.api.get("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices",
+                                 {"labelSelector": "kubernetes.io/service-name=web"})["items"]
+        for endpoint in (e for s in slices for e in s.get("endpoints") or []):
+            if pod_ip in endpoint["addresses"]:
+                return bool(endpoint["conditions"].get("ready"))
+        return None
+
+    wait_for(cluster, "web", "in the EndpointSlice", lambda: endpoint_ready() is True)
+    (volume_dir(cluster, "web", "data") / "ready").unlink()
+    wait_for(cluster, "web", "NotReady", lambda: condition(get_pod(cluster, "web"), "Ready")["status"] == "False")
+    wait_for(cluster, "web", "unready in the EndpointSlice", lambda: endpoint_ready() is False)
+
+
+def test_env_secret_and_downward_api(cluster: LocalCluster) -> None:
+    cluster.kubectl("create", "secret", "generic", "tok", "--from-literal=token=s3cret")
+    create(cluster, pod_manifest("envs", {
+        "name": "main",
+        "command": ["sh", "-c", 'echo "$TOKEN $POD $NS $IP $(cat /etc/tok/token)"; sleep 3600'],
+        "env": [
+            {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "tok", "key": "token"}}},
+            {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        ],
+        "volumeMounts": [{"name": "tok", "mountPath": "/etc/tok"}],
+    }, volumes=[{"name": "tok", "secret": {"secretName": "tok"}}]))
+    wait_for(cluster, "envs", "Running", lambda: get_pod(cluster, "envs")["status"].get("phase") == "Running")
+    ip = get_pod(cluster, "envs")["status"]["podIP"]
+    log = cluster.logs_for("envs")["main"]
+    wait_for(cluster, "envs", "logging", lambda: log.exists() and log.read_text().strip() != "")
+    assert log.read_text().split() == ["s3cret", "envs", "default", ip, "s3cret"]
+
+
+def test_prestop_runs_before_sigterm_then_object_deleted(cluster: LocalCluster) -> None:
+    program = (
+        "import pathlib, signal, sys, time\n"
+        "p = pathlib.Path(sys.argv[1])\n"
+        "def term(*_):\n"
+        "    with p.open('a') as f: f.write('TERM\\n')\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, term)\n"
+        "p.open('a').write('START\\n')\n"
+        "while True: time.sleep(0.2)\n"
+    )
+    create(cluster, pod_manifest("hooks", {
+        "name": "main", "command": ["python3", "-c", program], "args": ["/events/log"],
+        "lifecycle": {"preStop": {"exec": {"command": ["sh", "-c", "echo PRESTOP >> /events/log; sleep 1"]}}},
+        "volumeMounts": [{"name": "events", "mountPath": "/events"}],
+    }, volumes=[{"name": "events", "emptyDir": {}}]))
+    wait_for(cluster, "hooks", "started", lambda: bool(cluster.logs_for("hooks")) and
+             (volume_dir(cluster, "hooks", "events") / "log").exists())
+    events = volume_dir(cluster, "hooks", "events") / "log"
+    started = time.monotonic()
+    cluster.kubectl("delete", "pod", "hooks", "--wait=true", timeout=30)
+    assert time.monotonic() - started < 9, "deletion should not wait for the whole grace period"
+    assert events.read_text().split() == ["START", "PRESTOP", "TERM"]
+    with pytest.raises(ApiError) as err:
+        get_pod(cluster, "hooks")
+    assert err.value.status == 404
+
+
+def test_crash_and_liveness_failure_restart(cluster: LocalCluster) -> None:
+    create(cluster, pod_manifest("crash", {"name": "main", "command": ["sh", "-c", "sleep 0.5; exit 3"]}))
+    create(cluster, pod_manifest("dead", {
+        "name": "main", "command": ["python3", "-m", "http.server", "8080"],
+        "livenessProbe": {"httpGet": {"path": "/missing", "port": 8080}, "periodSeconds": 1,
+                          "failureThreshold": 2, "initialDelaySeconds": 1},
+    }, terminationGracePeriodSeconds=1))
+
+    def restarted(name: str) -> bool:
+        statuses = get_pod(cluster, name)["status"].get("containerStatuses") or [{}]
+        return int(statuses[0].get("restartCount", 0)) >= 1
+
+    wait_for(cluster, "crash", "restarted", lambda: restarted("crash"))
+    last = get_pod(cluster, "crash")["status"]["containerStatuses"][0]["lastState"]["terminated"]
+    assert last["exitCode"] == 3
+    wait_for(cluster, "dead", "restarted by liveness", lambda: restarted("dead"))
+
+
+def test_completed_pod_succeeds(cluster: LocalCluster) -> None:
+    create(cluster, pod_manifest("job", {"name": "main", "command": ["true"]}, restartPolicy="Never"))
+    wait_for(cluster, "job", "Succeeded", lambda: get_pod(cluster, "job")["status"].get("phase") == "Succeeded")
+
+
+def test_too_many_gpus_is_unschedulable(cluster: LocalCluster) -> None:
+    create(cluster, pod_manifest("greedy", {
+        "name": "main", "command": ["sleep", "3600"],
+        "resources": {"limits": {"nvidia.com/gpu": "9"}},
+    }))
+    wait_for(cluster, "greedy", "Unschedulable",
+             lambda: condition(get_pod(cluster, "greedy"), "PodScheduled").get("reason") == "Unschedulable")
+    assert get_pod(cluster, "greedy")["status"]["phase"] == "Pending"
+    assert not get_pod(cluster, "greedy")["spec"].get("nodeName")
+
+
+def test_teardown_leaves_nothing(tmp_path: Path) -> None:
+    """A second cluster (own network slot) with a running pod is removed without a trace."""
+    workdir = tmp_path / "cluster"
+    with LocalCluster(workdir=workdir) as second:
+        create(second, pod_manifest("sleeper", {"name": "main", "command": ["sleep", "3600"]}))
+        wait_for(second, "sleeper", "Running",
+                 lambda: get_pod(second, "sleeper")["status"].get("phase") == "Running")
+        slot = second.agent.network.slot
+        pid = int(get_pod(second, "sleeper")["status"]["containerStatuses"][0]["containerID"].split("//")[1])
+    assert not Path(f"/proc/{pid}").exists()
+    processes = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(workdir) not in processes
+    assert not workdir.exists()
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"genrm{slot}-" not in netns
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert f"genrm{slot}:" not in links and f"gv{slot}-" not in links
