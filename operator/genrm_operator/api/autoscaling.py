@@ -252,10 +252,13 @@ class Behavior(ApiModel):
 class PanicSpec(ApiModel):
     """Knative-style panic mode: a sudden burst overrides the scale-up window and freezes scale-down."""
 
-    window_seconds: WindowSeconds = 60
-    """How long panic lasts after the last recommendation that crossed the threshold. While panicking
-    the pool never shrinks, the scale-up stabilization window shrinks to this window, and a further
-    scale-up is allowed even while replicas are still starting."""
+    window_seconds: WindowSeconds = 10
+    """The short window: while panicking, the scale-up stabilization window shrinks to this one
+    (Knative's panic window is 10 % of its 60 s stable window)."""
+    duration_seconds: WindowSeconds = 60
+    """How long panic lasts after the last recommendation that crossed the threshold (Knative: one
+    stable window). While panicking the pool never shrinks, and a further scale-up is allowed even
+    while replicas added earlier are still starting."""
     threshold: PositiveQuantity = "2"
     """Enter panic when the raw recommendation reaches this multiple of the current replicas (those
     starting included, so a pool that is already growing does not panic about its own cold start)."""

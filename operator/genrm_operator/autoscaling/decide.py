@@ -7,7 +7,8 @@ Order of the stages, each of which may change the count and is then named in
 2. per-metric proposals and the missing-data rules (:mod:`.recommend`) give the raw
    recommendation;
 3. panic (optional): a raw recommendation at ``threshold`` x the current count starts a
-   panic; while it lasts the up window shrinks to the panic window and nothing scales down;
+   panic; while it lasts the up window shrinks to the panic window, nothing scales down and
+   the hold for starting replicas (stage 5) is lifted;
 4. stabilization windows (:mod:`.stabilize`);
 5. replicas on the way: while replicas that this autoscaler added are still starting, no
    further scale-up (unless panicking). Starting replicas already count as capacity in the
@@ -184,12 +185,12 @@ class _Step:
         return bool(applied) and applied[-1].result == "ScaleUp"
 
     def _panic_until(self, raw: int) -> datetime | None:
-        """When the panic (if any) ends: ``window_seconds`` after the last crossing of the threshold."""
+        """When the panic (if any) ends: ``duration_seconds`` after the last crossing of the threshold."""
         panic, now = self.spec.panic, self.observation.now
         if panic is None:
             return None
         if raw >= quantity_value(panic.threshold) * self.observation.current_replicas:
-            return now + timedelta(seconds=panic.window_seconds)
+            return now + timedelta(seconds=panic.duration_seconds)
         previous = self.status.panic_until
         if previous is not None and parse_time(previous) > now:
             return parse_time(previous)
