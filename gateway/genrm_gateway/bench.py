@@ -1,0 +1,181 @@
+"""``make bench-gateway``: the gateway's added cost, measured against the engine directly and nginx.
+
+Why one run for all targets: the same zero-latency simulator, load generator and machine state
+serve the direct, the gateway and the nginx measurements, interleaved per concurrency, so the
+differences are the proxies' and not the machine's drift. Everything listens on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import httpx
+
+from genrm_gateway.loadgen import LoadResult
+
+CONCURRENCIES = (1, 64, 256)
+# Each figure is the median over ROUNDS interleaved runs: one run on a 2-core machine is noisy.
+ROUNDS = 3
+RUN_SECONDS = 2.0
+WARMUP_SECONDS = 0.5
+NGINX = Path("/usr/sbin/nginx")
+BODY = json.dumps({"text": "Question: 2+2? Answer: 4. Judge the answer.",
+                   "sampling_params": {"max_new_tokens": 16, "temperature": 0}})
+
+NGINX_CONF = """
+worker_processes 1;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    keepalive_requests 10000000;
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    upstream engine {{ server 127.0.0.1:{engine_port}; keepalive 512; keepalive_requests 10000000; }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://engine;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }}
+    }}
+}}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_ready(url: str, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not become ready")
+
+
+@contextmanager
+def process(args: list[str], env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def ensure_nginx() -> bool:
+    """Install Debian's nginx once when missing (as root); False when it stays unavailable."""
+    if NGINX.exists():
+        return True
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return False
+    env = os.environ | {"DEBIAN_FRONTEND": "noninteractive"}
+    for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "nginx-light"]):
+        try:
+            subprocess.run(command, env=env, check=True, timeout=300, capture_output=True)
+        except (subprocess.SubprocessError, OSError):
+            if command[1] == "update":
+                return False
+            try:
+                subprocess.run(["apt-get", "install", "-y", "-qq", "nginx"], env=env, check=True,
+                               timeout=300, capture_output=True)
+            except (subprocess.SubprocessError, OSError):
+                return False
+    return NGINX.exists()
+
+
+def measure(port: int, concurrency: int) -> LoadResult:
+    out = subprocess.run(
+        [sys.executable, "-m", "genrm_gateway.loadgen", "--port", str(port), "--body", BODY,
+         "--concurrency", str(concurrency), "--seconds", str(RUN_SECONDS), "--warmup", str(WARMUP_SECONDS)],
+        check=True, capture_output=True, timeout=60,
+    ).stdout
+    return LoadResult(**json.loads(out))
+
+
+def median_result(samples: list[LoadResult]) -> LoadResult:
+    """Each figure's median over the rounds (errors summed)."""
+    return LoadResult(
+        requests=int(statistics.median(r.requests for r in samples)),
+        errors=sum(r.errors for r in samples),
+        rps=statistics.median(r.rps for r in samples),
+        p50_ms=statistics.median(r.p50_ms for r in samples),
+        p99_ms=statistics.median(r.p99_ms for r in samples),
+    )
+
+
+def main() -> None:
+    py = sys.executable
+    engine_port, gateway_port = free_port(), free_port()
+    with ExitStack() as stack:
+        stack.enter_context(process([
+            py, "-m", "genrm_sim", "--model-path", "bench-judge", "--port", str(engine_port),
+            "--random-seed", "1", "--enable-metrics", "--sim-ttft-ms", "0", "--sim-itl-ms", "0",
+            "--sim-max-running", "4096"]))
+        stack.enter_context(process([
+            py, "-m", "genrm_gateway", "serve", "--host", "127.0.0.1", "--port", str(gateway_port),
+            "--engine-url", f"http://127.0.0.1:{engine_port}", "--propagation-seconds", "0"],
+            env=os.environ | {"GENRM_CONTROL_TOKEN": "bench"}))
+        wait_ready(f"http://127.0.0.1:{engine_port}/health")
+        wait_ready(f"http://127.0.0.1:{gateway_port}/healthz/ready")
+        targets = {"direct": engine_port, "gateway": gateway_port}
+        if ensure_nginx():
+            nginx_port = free_port()
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="genrm-bench-nginx-")))
+            conf = workdir / "nginx.conf"
+            conf.write_text(NGINX_CONF.format(dir=workdir, engine_port=engine_port, port=nginx_port))
+            stack.enter_context(process([str(NGINX), "-p", str(workdir), "-e", str(workdir / "error.log"),
+                                         "-c", str(conf), "-g", "daemon off;"]))
+            wait_ready(f"http://127.0.0.1:{nginx_port}/v1/models")
+            targets["nginx"] = nginx_port
+        results: dict[tuple[str, int], LoadResult] = {}
+        print(f"{'target':<8} {'conc':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}")
+        for concurrency in CONCURRENCIES:
+            runs: dict[str, list[LoadResult]] = {name: [] for name in targets}
+            for _ in range(ROUNDS):
+                for name, port in targets.items():
+                    runs[name].append(measure(port, concurrency))
+            for name, samples in runs.items():
+                result = results[(name, concurrency)] = median_result(samples)
+                print(f"{name:<8} {concurrency:>5} {result.rps:>9.0f} {result.p50_ms:>8.3f} "
+                      f"{result.p99_ms:>8.3f} {result.errors:>6}", flush=True)
+    direct, gateway = results[("direct", 64)], results[("gateway", 64)]
+    nginx = results.get(("nginx", 64))
+    nginx_added = "na" if nginx is None else f"{nginx.p50_ms - direct.p50_ms:.3f}"
+    print(f"gateway-bench: c64_throughput_ratio={gateway.rps / direct.rps:.3f} "
+          f"c64_p50_added_ms={gateway.p50_ms - direct.p50_ms:.3f} "
+          f"c64_p99_added_ms={gateway.p99_ms - direct.p99_ms:.3f} nginx_c64_p50_added_ms={nginx_added}")
+
+
+if __name__ == "__main__":
+    main()
