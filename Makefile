@@ -5,6 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt 2>/dev/null | sha1sum | cut -c1-12)
 CLUSTER ?= local
+VERSION := $(shell sed -n "s/^version = \"\(.*\)\"/\1/p" pyproject.toml)
 
 .PHONY: venv test unit lint e2e dev crds bench-gateway bench-autoscaler images control-plane clean
 
@@ -49,7 +50,7 @@ bench-autoscaler: venv control-plane
 
 images:
 	@command -v docker >/dev/null || { echo "make images needs a Docker engine"; exit 1; }
-	for t in operator gateway sim engine; do docker build --target $$t -t genrm/$$t:dev . || exit 1; done
+	for t in operator gateway sim engine; do docker build --target $$t -t genrm/$$t:$(VERSION) . || exit 1; done
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -1,0 +1,184 @@
+"""Test harness for the end-to-end suite: the cluster handle, the operator process, waits.
+
+The operator runs as a real separate process (so tests can SIGKILL it), talks
+to the local cluster's real kube-apiserver, and reaches replica sidecars at
+their pod addresses inside the network namespaces the node agent created.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from genrm_cluster.cluster import LocalCluster
+from kubernetes import client, config
+
+REPO = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
+
+
+@dataclass
+class Tally:
+    """Figures for the suite's closing `e2e-summary` line."""
+
+    requests: int = 0
+    failed: int = 0
+    scale_ops: int = 0
+    operator_kills: int = 0
+
+
+TALLY = Tally()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 90.0, interval: float = 0.5) -> T:
+    """Poll until ``probe`` returns something truthy; fail with the last value seen."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last={last!r}")
+
+
+@dataclass
+class Cluster:
+    """What e2e tests use: kubectl (returns stdout), the API client, and log paths."""
+
+    local: LocalCluster
+    api: client.ApiClient = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.api = config.new_client_from_config(str(self.local.kubeconfig))
+
+    @property
+    def kubeconfig(self) -> str:
+        return str(self.local.kubeconfig)
+
+    @property
+    def bin_dir(self) -> str:
+        return str(self.local.bin_dir)
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> str:
+        done = self.local.kubectl(*args, check=False, input=input)
+        if check and done.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({done.returncode}): {done.stderr}")
+        return done.stdout if check else done.stdout + done.stderr
+
+    def kubectl_fails(self, *args: str, input: str | None = None) -> str:
+        """Run kubectl expecting a rejection; return its error text."""
+        done = self.local.kubectl(*args, check=False, input=input)
+        assert done.returncode != 0, f"kubectl {' '.join(args)} unexpectedly succeeded: {done.stdout}"
+        return done.stderr
+
+    def pool(self, namespace: str, name: str) -> dict[str, Any]:
+        return json.loads(self.kubectl("get", "genrmpool", name, "-n", namespace, "-o", "json"))
+
+    def pods(self, namespace: str, pool: str) -> list[dict[str, Any]]:
+        out = self.kubectl("get", "pods", "-n", namespace, "-l", f"genrm.io/pool={pool}", "-o", "json")
+        return list(json.loads(out)["items"])
+
+    def scale(self, namespace: str, name: str, replicas: int) -> None:
+        self.kubectl("scale", "genrmpool", name, "-n", namespace, f"--replicas={replicas}")
+        TALLY.scale_ops += 1
+
+    def wait_serving(self, namespace: str, name: str, replicas: int, timeout: float = 120.0) -> dict[str, Any]:
+        """Wait until the pool is converged: N serving, no operation, no extra pods."""
+        def converged() -> dict[str, Any] | None:
+            pool = self.pool(namespace, name)
+            status = pool.get("status") or {}
+            live = [p for p in self.pods(namespace, name) if not p["metadata"].get("deletionTimestamp")]
+            ok = (status.get("servingReplicas") == replicas and not status.get("operation")
+                  and status.get("observedGeneration") == pool["metadata"]["generation"] and len(live) == replicas)
+            return pool if ok else None
+        return wait_for(f"{namespace}/{name} to serve {replicas} replicas", converged, timeout)
+
+    def debug_dump(self, namespace: str) -> str:
+        """Pool status, pods, events and the logs of the pods involved (printed on failure)."""
+        parts = [self.kubectl("get", "genrmpools,pods,endpointslices", "-n", namespace, "-o", "wide", check=False),
+                 self.kubectl("get", "genrmpools", "-n", namespace, "-o", "yaml", check=False),
+                 self.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False)]
+        for pod in json.loads(self.kubectl("get", "pods", "-n", namespace, "-o", "json", check=False) or "{}")\
+                .get("items", []):
+            for container, path in self.local.logs_for(pod["metadata"]["name"], namespace).items():
+                parts.append(f"--- {pod['metadata']['name']}/{container} ({path})\n{tail(path)}")
+        return "\n".join(parts)
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"<{exc}>"
+
+
+class OperatorProcess:
+    """The operator as a child process: start, SIGKILL, restart."""
+
+    def __init__(self, kubeconfig: str, log_dir: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.log_path = log_dir / "operator.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.metrics_port = free_port()
+
+    def start(self) -> None:
+        assert self.proc is None or self.proc.poll() is not None, "operator already running"
+        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "PYTHONUNBUFFERED": "1"}
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "genrm_operator", "--metrics-host", "127.0.0.1",
+                 "--metrics-port", str(self.metrics_port),
+                 "--liveness", f"http://127.0.0.1:{free_port()}/healthz"],
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup handlers run, as in a node crash or OOM kill."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+        TALLY.operator_kills += 1
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+
+    def log_tail(self, lines: int = 80) -> str:
+        return tail(self.log_path, lines)
+
+
+def pool_manifest(name: str, namespace: str, replicas: int = 1, **spec: Any) -> str:
+    """A simulator pool with fast timings for tests, as YAML/JSON text for kubectl apply."""
+    engine = {
+        "image": "genrm/sim:test", "command": ["genrm-sim"], "seed": 7, "gpusPerReplica": 1,
+        "extraArgs": ["--sim-startup-seconds", "1", "--sim-ttft-ms", "5", "--sim-itl-ms", "1"],
+        "startupTimeoutSeconds": 60,
+    }
+    engine.update(spec.pop("engine", {}))
+    body = {
+        "apiVersion": "genrm.io/v1alpha1", "kind": "GenRMPool",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"replicas": replicas, "model": {"path": "sim/judge"}, "engine": engine,
+                 "drain": {"propagationSeconds": 2, "quietSeconds": 1, "timeoutSeconds": 60}, **spec},
+    }
+    return json.dumps(body)

@@ -1,0 +1,139 @@
+"""``make dev``: the operator on a local embedded cluster with a simulated pool.
+
+Builds or reuses the control-plane binaries (``hack/control-plane.sh``, run by
+the Makefile), starts the local cluster, installs the CRD, runs the operator,
+applies ``examples/genrmpool-sim.yaml``, waits until the pool is Available and
+prints what to try. Ctrl-C stops everything cleanly. ``--cluster kind`` does
+the same on kind with images built from the Dockerfile, where Docker exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from genrm_cluster.cluster import LocalCluster
+
+REPO = Path(__file__).resolve().parents[2]
+CRD = REPO / "crds" / "genrm.io_genrmpools.yaml"
+EXAMPLE = REPO / "examples" / "genrmpool-sim.yaml"
+VERSION = "0.1.0"
+"""Image tag built by `make images` (the project version) and the chart's appVersion."""
+
+
+def step(message: str) -> None:
+    print(f"==> {message}", flush=True)
+
+
+def wait_available(kubectl: list[str], timeout: float = 180.0) -> dict[str, Any]:
+    """Poll the demo pool until Available with its requested serving replicas."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done = subprocess.run([*kubectl, "get", "genrmpool", "demo", "-o", "json"], capture_output=True, text=True)
+        if done.returncode == 0:
+            pool: dict[str, Any] = json.loads(done.stdout)
+            status = pool.get("status") or {}
+            available = any(c.get("type") == "Available" and c.get("status") == "True"
+                            for c in status.get("conditions") or [])
+            if available and status.get("servingReplicas") == pool["spec"]["replicas"]:
+                return pool
+        time.sleep(1)
+    raise SystemExit("the demo pool did not become Available in time; see the operator log above")
+
+
+def run_local() -> int:
+    os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
+    step("starting the local control plane and node agent (2 nodes x 8 nvidia.com/gpu)")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with LocalCluster(nodes=2, gpus_per_node=8) as cluster:
+        kubectl = [str(cluster.bin_dir / "kubectl"), f"--kubeconfig={cluster.kubeconfig}"]
+        step("installing the GenRMPool CRD")
+        subprocess.run([*kubectl, "apply", "--server-side", "-f", str(CRD)], check=True)
+        subprocess.run([*kubectl, "wait", "--for=condition=Established", "crd/genrmpools.genrm.io"], check=True)
+        step("starting the operator (log: operator.log in the cluster work dir)")
+        log_path = cluster.workdir / "operator.log"
+        with open(log_path, "ab") as log:
+            operator = subprocess.Popen(
+                [sys.executable, "-m", "genrm_operator", "--metrics-host", "127.0.0.1"],
+                env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            step(f"applying {EXAMPLE.relative_to(REPO)}")
+            subprocess.run([*kubectl, "apply", "-f", str(EXAMPLE)], check=True)
+            step("waiting for the pool to become Available")
+            wait_available(kubectl)
+            pods = json.loads(subprocess.run([*kubectl, "get", "pods", "-l", "genrm.io/pool=demo", "-o", "json"],
+                                             check=True, capture_output=True, text=True).stdout)["items"]
+            ip = pods[0]["status"]["podIP"]
+            print(f"""
+The pool is Available.
+
+  export KUBECONFIG={cluster.kubeconfig}
+  export PATH={cluster.bin_dir}:$PATH
+  kubectl get genrmpools
+  kubectl scale genrmpool demo --replicas=3
+  kubectl describe genrmpool demo
+  curl -s http://{ip}:8000/generate -d '{{"text": "Is 2+2=4? Score 1-10."}}'
+  curl -s http://{ip}:8000/metrics | grep genrm_gateway_inflight
+
+Operator metrics: http://127.0.0.1:8080/metrics   Operator log: {log_path}
+Press Ctrl-C to stop everything.
+""", flush=True)
+            while not stop.is_set() and operator.poll() is None:
+                stop.wait(1)
+            if operator.poll() is not None:
+                print(f"the operator exited with {operator.returncode}; see {log_path}", file=sys.stderr)
+                return 1
+        except KeyboardInterrupt:
+            pass
+        finally:
+            step("stopping the operator and the cluster")
+            operator.terminate()
+            try:
+                operator.wait(15)
+            except subprocess.TimeoutExpired:
+                operator.kill()
+    return 0
+
+
+def run_kind() -> int:
+    """kind with images from the Dockerfile and the Helm chart; needs a Docker engine and kind."""
+    missing = [tool for tool in ("docker", "kind") if shutil.which(tool) is None]
+    if missing or subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+        print(f"CLUSTER=kind needs a running Docker engine and kind on PATH (missing: {missing or ['docker engine']}); "
+              "use the default local cluster instead: make dev", file=sys.stderr)
+        return 2
+    steps = [
+        ["make", "-C", str(REPO), "images"],
+        ["kind", "create", "cluster", "--name", "genrm"],
+        *[["kind", "load", "docker-image", f"genrm/{t}:{VERSION}", "--name", "genrm"]
+          for t in ("operator", "gateway", "sim")],
+        ["helm", "upgrade", "--install", "genrm-operator", str(REPO / "charts" / "genrm-operator"), "--wait"],
+        ["kubectl", "apply", "-f", str(EXAMPLE)],
+        ["kubectl", "wait", "genrmpool/demo", "--for=condition=Available", "--timeout=300s"],
+    ]
+    for command in steps:
+        step(" ".join(command))
+        subprocess.run(command, check=True)
+    step("pool Available on kind; try: kubectl get genrmpools; kubectl scale genrmpool demo --replicas=3")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="make dev", description=__doc__.split("\n")[0] if __doc__ else None)
+    parser.add_argument("--cluster", choices=("local", "kind"), default="local")
+    args = parser.parse_args(argv)
+    return run_local() if args.cluster == "local" else run_kind()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
