@@ -1,0 +1,484 @@
+"""A small simulated world around the pure reconcile core (no I/O, no randomness of its own).
+
+The world stands in for the API server, the scheduler, the kubelet and the gateway
+sidecars, faithfully enough that the safety properties of the core can be checked
+against *ground truth* rather than against the core's own view:
+
+- pods with phase, readiness, published label, ever-published and verification
+  annotations, deletion state, scheduler message and restart count;
+- one gateway sidecar per pod with its drain state machine
+  (Serving -> SoftDrain -> Fenced -> Drained, as in ``genrm_gateway.drain``) and an
+  in-flight request count; fenced and drained sidecars refuse new requests, a fenced
+  sidecar becomes Drained only after in-flight stayed 0 for ``drain.quietSeconds``;
+- engine warm-up after scheduling (slow starts possible), a GPU capacity limit (pods
+  beyond it stay Pending with the scheduler's Unschedulable message);
+- the shell's contract for every action: status written first, then actions; creates
+  idempotent by name (AlreadyExists), deletes bound to the pod UID and completed one step
+  later, drains bound to a drain id, undrain refused once drained, verification
+  comparing the candidate's answers with the reference's (perturbed replicas differ);
+- disturbances chosen by the caller: requests arriving/finishing, crashes, pod failures,
+  slow starts, capacity changes, clock jumps, lost actions (operator crash between the
+  status write and the actions), index lag (stale pod list for one step), unreachable
+  sidecars, and an administrator deleting pods by hand.
+
+Every safety check raises :class:`Violation` at the moment the bad thing would happen,
+so hypothesis shrinks to the shortest sequence that shows it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from genrm_operator.api.pool import GenRMPoolSpec, GenRMPoolStatus
+from genrm_operator.core.model import (
+    CreatePod,
+    DeletePod,
+    Drain,
+    DrainState,
+    Observed,
+    Plan,
+    PodView,
+    SetPublished,
+    SidecarView,
+    Undrain,
+    Verify,
+)
+from genrm_operator.core.names import drain_id, pod_name
+from genrm_operator.core.reconcile import reconcile
+
+POOL = "judge"
+START = 1_700_000_000.0
+GOOD_ANSWER = "verdict: 7/10"
+
+
+class Violation(AssertionError):
+    """A safety property of the operator was broken in the simulated world."""
+
+
+@dataclass
+class SimSidecar:
+    """The gateway sidecar of one pod."""
+
+    state: DrainState = "Serving"
+    inflight: int = 0
+    drain_id: str | None = None
+    quiet_since: float | None = None
+
+
+@dataclass
+class SimPod:
+    """Ground truth about one replica pod."""
+
+    name: str
+    uid: str
+    ordinal: int
+    created_at: float
+    phase: str = "Pending"
+    scheduled_at: float | None = None
+    warm_at: float | None = None
+    published: bool = False
+    ever_published: bool = False
+    verification: str = ""
+    verification_message: str = ""
+    deleting: bool = False
+    deleted_at_step: int = -1
+    unschedulable: str = ""
+    restarts: int = 0
+    slow: bool = False
+    rewarm_at: float = 0.0
+    perturbed: bool = False
+    sidecar: SimSidecar = field(default_factory=SimSidecar)
+
+    @property
+    def warm(self) -> bool:
+        """The engine answers (the sidecar's engine health check passes)."""
+        return self.phase == "Running" and self.warm_at is not None and not self.deleting
+
+    @property
+    def answer(self) -> str:
+        """What this replica answers to the verification probes."""
+        return f"verdict: 3/10 ({self.name})" if self.perturbed else GOOD_ANSWER
+
+    @property
+    def ready(self) -> bool:
+        """The sidecar's readiness probe: engine warm and not draining."""
+        return self.warm and self.sidecar.state == "Serving"
+
+    @property
+    def reachable(self) -> bool:
+        """The sidecar has a pod IP and is not terminating (the shell's endpoint list)."""
+        return self.scheduled_at is not None and not self.deleting and self.phase == "Running"
+
+    @property
+    def holds_gpu(self) -> bool:
+        return self.scheduled_at is not None
+
+    def view(self) -> PodView:
+        return PodView(
+            name=self.name, uid=self.uid, created_at=self.created_at, phase=self.phase, ready=self.ready,
+            published=self.published, ever_published=self.ever_published,
+            verification=self.verification,  # type: ignore[arg-type]
+            verification_message=self.verification_message, deleting=self.deleting,
+            unschedulable=self.unschedulable, restarts=self.restarts,
+        )
+
+
+@dataclass(frozen=True)
+class Ev:
+    """One disturbance. ``a`` and ``b`` are small integers whose meaning depends on ``kind``.
+
+    Kinds: scale (a = replicas), arrive (pod a, b requests), finish (pod a, b requests),
+    crash (pod a), fail (pod a), slow (pod a, or the next pod when none is starting),
+    perturb (the next created pod answers differently), gpus (a = capacity), tick (a = seconds),
+    lose (this step's actions are lost), lag (this step sees last step's pod list),
+    unreachable (pod a's sidecar does not answer this step), admin_delete (pod a), none.
+    """
+
+    kind: str
+    a: int = 0
+    b: int = 0
+
+
+@dataclass
+class World:
+    """The simulated cluster around one GenRMPool."""
+
+    spec: GenRMPoolSpec
+    gpus: int = 1000
+    now: float = START
+    warmup: float = 2.0
+    crash_warmup: float = 6.0
+    check_bound: bool = True
+    status: GenRMPoolStatus = field(default_factory=GenRMPoolStatus)
+    generation: int = 1
+    pods: dict[str, SimPod] = field(default_factory=dict)
+    names_ever: set[str] = field(default_factory=set)
+    step_no: int = 0
+    uid_counter: int = 0
+    perturb_next: int = 0
+    slow_next: int = 0
+    last_views: tuple[PodView, ...] | None = None
+    forced_deletes: int = 0
+    plans: list[Plan] = field(default_factory=list)
+    keep_plans: bool = False
+
+    # ----- disturbances ------------------------------------------------------------------------
+
+    def pod_at(self, index: int) -> SimPod | None:
+        names = sorted(self.pods, key=lambda n: self.pods[n].ordinal)
+        return self.pods[names[index % len(names)]] if names else None
+
+    def scale(self, replicas: int) -> None:
+        if replicas != self.spec.replicas:
+            self.spec = self.spec.model_copy(update={"replicas": replicas})
+            self.generation += 1
+
+    def accepts_requests(self, pod: SimPod) -> bool:
+        """Requests reach published ready replicas and soft-drained ones (endpoint propagation)."""
+        if not pod.warm or not pod.reachable:
+            return False
+        state = pod.sidecar.state
+        return state == "SoftDrain" or (state == "Serving" and pod.published)
+
+    def arrive(self, pod: SimPod, count: int) -> None:
+        if self.accepts_requests(pod):
+            pod.sidecar.inflight += count
+            pod.sidecar.quiet_since = None
+
+    def finish(self, pod: SimPod, count: int) -> None:
+        pod.sidecar.inflight = max(0, pod.sidecar.inflight - count)
+
+    def crash(self, pod: SimPod) -> None:
+        """The engine container restarts: in-flight requests are lost, warm-up starts again."""
+        if pod.phase != "Running" or pod.deleting:
+            return
+        pod.restarts += 1
+        pod.sidecar.inflight = 0
+        pod.warm_at = None
+        pod.sidecar.quiet_since = None
+        pod.rewarm_at = self.now + self.crash_warmup
+
+    def fail(self, pod: SimPod) -> None:
+        """The pod dies for good (phase Failed): in-flight requests are lost."""
+        if pod.deleting:
+            return
+        pod.phase = "Failed"
+        pod.sidecar.inflight = 0
+        pod.warm_at = None
+
+    def apply_event(self, ev: Ev, flags: dict[str, object]) -> float:
+        """Apply one disturbance; returns the clock step it asks for (0 for none)."""
+        pod = self.pod_at(ev.a)
+        match ev.kind:
+            case "scale":
+                self.scale(ev.a)
+            case "arrive" if pod is not None:
+                self.arrive(pod, max(ev.b, 1))
+            case "finish" if pod is not None:
+                self.finish(pod, max(ev.b, 1))
+            case "crash" if pod is not None:
+                self.crash(pod)
+            case "fail" if pod is not None:
+                self.fail(pod)
+            case "slow":
+                starting = [p for p in self.pods.values() if p.warm_at is None and not p.deleting]
+                if starting:
+                    starting[ev.a % len(starting)].slow = True
+                else:
+                    self.slow_next += 1
+            case "perturb":
+                self.perturb_next += 1
+            case "gpus":
+                self.gpus = ev.a
+            case "tick":
+                return float(ev.a)
+            case "lose":
+                flags["lose"] = True
+            case "lag":
+                flags["lag"] = True
+            case "unreachable" if pod is not None:
+                unreachable = flags.setdefault("unreachable", set())
+                assert isinstance(unreachable, set)
+                unreachable.add(pod.name)
+            case "admin_delete" if pod is not None:
+                self.admin_delete(pod)
+            case _:
+                pass
+        return 0.0
+
+    def admin_delete(self, pod: SimPod) -> None:
+        """Someone deletes a pod by hand (the preStop hook drains it; not the operator's doing)."""
+        if not pod.deleting:
+            pod.deleting = True
+            pod.deleted_at_step = self.step_no
+
+    # ----- the world moving on its own ---------------------------------------------------------
+
+    def progress(self) -> None:
+        """Time passed: terminations complete, the scheduler places pods, engines warm up, drains end."""
+        for name in [n for n, p in self.pods.items() if p.deleting and p.deleted_at_step < self.step_no]:
+            del self.pods[name]
+        used = sum(1 for p in self.pods.values() if p.holds_gpu)
+        for pod in sorted(self.pods.values(), key=lambda p: p.ordinal):
+            if pod.scheduled_at is not None or pod.deleting:
+                continue
+            if used < self.gpus:
+                used += 1
+                pod.scheduled_at, pod.phase, pod.unschedulable = self.now, "Running", ""
+            else:
+                pod.unschedulable = (f"0/{self.gpus} nodes are available: "
+                                     f"{self.gpus} Insufficient nvidia.com/gpu.")
+        startup = float(self.spec.engine.startup_timeout_seconds)
+        for pod in self.pods.values():
+            if pod.phase != "Running" or pod.warm_at is not None or pod.scheduled_at is None:
+                continue
+            delay = startup + 10.0 if pod.slow else self.warmup
+            if self.now >= max(pod.scheduled_at + delay, pod.rewarm_at):
+                pod.warm_at = self.now
+        quiet = float(self.spec.drain.quiet_seconds)
+        for pod in self.pods.values():
+            sc = pod.sidecar
+            if sc.state == "Fenced" and sc.inflight == 0:
+                sc.quiet_since = self.now if sc.quiet_since is None else sc.quiet_since
+                if self.now - sc.quiet_since >= quiet:
+                    sc.state = "Drained"
+
+    # ----- observation -------------------------------------------------------------------------
+
+    def sidecar_view(self, pod: SimPod) -> SidecarView | None:
+        if not pod.reachable:
+            return None
+        sc = pod.sidecar
+        return SidecarView(state=sc.state, inflight=sc.inflight, engine_healthy=pod.warm, drain_id=sc.drain_id)
+
+    def observe(self, lag: bool, unreachable: Iterable[str]) -> Observed:
+        views = tuple(p.view() for p in sorted(self.pods.values(), key=lambda p: p.ordinal))
+        pods = self.last_views if lag and self.last_views is not None else views
+        self.last_views = views
+        down = set(unreachable)
+        sidecars = {p.name: (None if p.name in down else self.sidecar_view(p)) for p in self.pods.values()}
+        return Observed(name=POOL, generation=self.generation, spec=self.spec, status=self.status,
+                        pods=pods, sidecars=sidecars, now=self.now)
+
+    # ----- one step ----------------------------------------------------------------------------
+
+    def step(self, events: Iterable[Ev] = (), dt: float = 1.0) -> Plan:
+        """Disturbances, time passing, one reconcile, status write, actions; checks throughout."""
+        self.step_no += 1
+        flags: dict[str, object] = {}
+        extra = 0.0
+        for ev in events:
+            extra += self.apply_event(ev, flags)
+        self.now += dt + extra
+        self.progress()
+        obs = self.observe(bool(flags.get("lag")), flags.get("unreachable", set()))  # type: ignore[arg-type]
+        plan = reconcile(obs)
+        if self.keep_plans:
+            self.plans.append(plan)
+        before = self.live_count()
+        # The status is written first, through its wire form, exactly as the shell PUTs it.
+        self.status = GenRMPoolStatus.model_validate(plan.status.to_wire())
+        self.check_status(plan)
+        if not flags.get("lose"):
+            for action in plan.actions:
+                self.carry_out(action, obs, plan)
+        self.check_after(before)
+        return plan
+
+    def live_count(self) -> int:
+        """Pods neither terminating nor drained: the quantity the core's pod-count bound is about."""
+        return sum(1 for p in self.pods.values() if not p.deleting and p.sidecar.state != "Drained")
+
+    # ----- actions (the shell's contract) ------------------------------------------------------
+
+    def carry_out(self, action: object, obs: Observed, plan: Plan) -> None:
+        match action:
+            case CreatePod(name=name, ordinal=ordinal):
+                self.create(name, ordinal)
+            case DeletePod(name=name, uid=uid):
+                pod = self.pods.get(name)
+                if pod is not None and pod.uid == uid and not pod.deleting:
+                    self.check_delete(pod, plan)
+                    pod.deleting = True
+                    pod.deleted_at_step = self.step_no
+                    pod.published = False
+            case SetPublished(name=name, uid=uid, published=published):
+                pod = self.pods.get(name)
+                if pod is None or pod.uid != uid:
+                    return
+                if published:
+                    self.check_publish(pod, obs)
+                    pod.ever_published = True
+                pod.published = published
+            case Verify(name=name, uid=uid, reference=reference):
+                self.verify(name, uid, reference)
+            case Drain(name=name, drain_id=did, phase=phase):
+                pod = self.pods.get(name)
+                if pod is None or not pod.reachable or did != drain_id(pod.uid):
+                    return
+                sc = pod.sidecar
+                if sc.state != "Serving" and sc.drain_id != did:
+                    return  # 409: another drain is in progress
+                sc.drain_id = did
+                if phase == "fence" and sc.state in ("Serving", "SoftDrain"):
+                    sc.state, sc.quiet_since = "Fenced", None
+                elif phase == "soft" and sc.state == "Serving":
+                    sc.state = "SoftDrain"
+            case Undrain(name=name, drain_id=did):
+                pod = self.pods.get(name)
+                if pod is None or not pod.reachable:
+                    return
+                sc = pod.sidecar
+                if sc.state in ("SoftDrain", "Fenced") and sc.drain_id == did:
+                    sc.state, sc.drain_id, sc.quiet_since = "Serving", None, None
+            case _:
+                raise Violation(f"unknown action {action!r}")
+
+    def create(self, name: str, ordinal: int) -> None:
+        if name != pod_name(POOL, ordinal):
+            raise Violation(f"CreatePod {name} does not carry its ordinal {ordinal}")
+        if name in self.pods:
+            return  # AlreadyExists: success, nothing new
+        if name in self.names_ever:
+            raise Violation(f"pod name {name} reused after its pod was deleted")
+        self.names_ever.add(name)
+        self.uid_counter += 1
+        pod = SimPod(name=name, uid=f"uid-{self.uid_counter}", ordinal=ordinal, created_at=self.now)
+        if self.perturb_next:
+            self.perturb_next -= 1
+            pod.perturbed = True
+        if self.slow_next:
+            self.slow_next -= 1
+            pod.slow = True
+        self.pods[name] = pod
+
+    def verify(self, name: str, uid: str, reference: str | None) -> None:
+        """Probe the candidate and the reference through their sidecars; record the verdict on the pod."""
+        pod = self.pods.get(name)
+        if pod is None or pod.uid != uid or not pod.reachable or not pod.warm:
+            return  # probes fail: nothing recorded, the core asks again
+        if reference is None:
+            pod.verification, pod.verification_message = "passed", "no reference"
+            return
+        ref = self.pods.get(reference)
+        if ref is None or not ref.reachable or not ref.warm:
+            return  # the reference cannot answer: nothing recorded
+        same = pod.answer == ref.answer
+        pod.verification = "passed" if same else "failed"
+        pod.verification_message = "identical" if same else f"new={pod.answer!r} reference={ref.answer!r}"
+
+    # ----- safety checks -----------------------------------------------------------------------
+
+    def check_delete(self, pod: SimPod, plan: Plan) -> None:
+        """In-flight requests are only ever dropped by a drain that timed out under Force."""
+        op = plan.status.operation
+        victim = next((v for v in op.victims if v.name == pod.name and v.uid == pod.uid), None) if op else None
+        forced = victim is not None and victim.forced
+        if forced:
+            if self.spec.drain.on_timeout != "Force":
+                raise Violation(f"{pod.name} forced although drain.onTimeout is {self.spec.drain.on_timeout}")
+            self.forced_deletes += 1
+        if pod.sidecar.inflight > 0 and not forced:
+            raise Violation(f"{pod.name} deleted with {pod.sidecar.inflight} request(s) in flight "
+                            f"(sidecar {pod.sidecar.state}, victim {victim})")
+        failed = pod.phase == "Failed" or pod.restarts > 0
+        if pod.ever_published and not failed and not forced and pod.sidecar.state != "Drained":
+            raise Violation(f"{pod.name} was published and is deleted while its sidecar is "
+                            f"{pod.sidecar.state}, not Drained")
+
+    def check_publish(self, pod: SimPod, obs: Observed) -> None:
+        """Published only when the core saw it ready and warm, and its verification passed."""
+        seen = next((p for p in obs.pods if p.name == pod.name and p.uid == pod.uid), None)
+        sidecar = obs.sidecars.get(pod.name)
+        if seen is None or not seen.ready or sidecar is None or not sidecar.engine_healthy \
+                or sidecar.state != "Serving":
+            raise Violation(f"{pod.name} published without being seen ready and warm ({seen}, {sidecar})")
+        if self.spec.verification.enabled and (seen.verification != "passed" or pod.verification != "passed"):
+            raise Violation(f"{pod.name} published with verification {pod.verification!r}")
+
+    def check_status(self, plan: Plan) -> None:
+        status = plan.status
+        if status.operation is not None and status.operation.phase in ("Succeeded", "Partial", "Failed"):
+            raise Violation(f"a finished operation is still active: {status.operation}")
+        created = [p.ordinal for p in self.pods.values()]
+        if created and status.next_ordinal <= max(created):
+            raise Violation(f"nextOrdinal {status.next_ordinal} would reuse ordinal {max(created)}")
+        types = [c.type for c in status.conditions]
+        if types != ["Available", "Progressing", "Degraded"]:
+            raise Violation(f"conditions {types}")
+
+    def check_after(self, before: int) -> None:
+        after = self.live_count()
+        if self.check_bound and after > max(self.spec.replicas, before):
+            raise Violation(f"{after} live pods > max(spec.replicas={self.spec.replicas}, before={before})")
+
+    # ----- convergence -------------------------------------------------------------------------
+
+    def serving(self) -> list[SimPod]:
+        """Replicas that really take traffic: published, warm, sidecar Serving."""
+        return [p for p in self.pods.values() if p.published and p.ready and not p.deleting]
+
+    def converged(self) -> bool:
+        n = self.spec.replicas
+        live = [p for p in self.pods.values() if not p.deleting]
+        return (
+            self.status.operation is None and len(self.serving()) == n and len(live) == n
+            and self.status.serving_replicas == n and self.status.replicas == n
+        )
+
+    def heal(self) -> None:
+        """Inputs stop changing and the world is healthy: capacity suffices, no new disturbances,
+        requests finish, and an administrator removes the replicas answering differently."""
+        self.gpus = max(self.gpus, 4 * max(self.spec.replicas, len(self.pods)) + 4)
+        self.perturb_next = self.slow_next = 0
+        for pod in list(self.pods.values()):
+            pod.sidecar.inflight = 0
+            if pod.perturbed or pod.verification == "failed":
+                self.admin_delete(pod)
+
+
+def replace(pod: PodView, **changes: object) -> PodView:
+    """A changed copy of a pod view (for example-based tests)."""
+    return dataclasses.replace(pod, **changes)  # type: ignore[arg-type]
