@@ -10,17 +10,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
-import httpx
+from genrm_sim.testing import free_port, launched, wait_ready
 
 from genrm_gateway.loadgen import LoadResult
 
@@ -58,39 +55,6 @@ http {{
     }}
 }}
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def wait_ready(url: str, seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not become ready")
-
-
-@contextmanager
-def process(args: list[str], env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL)
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def ensure_nginx() -> bool:
@@ -138,11 +102,11 @@ def main() -> None:
     py = sys.executable
     engine_port, gateway_port = free_port(), free_port()
     with ExitStack() as stack:
-        stack.enter_context(process([
+        stack.enter_context(launched([
             py, "-m", "genrm_sim", "--model-path", "bench-judge", "--port", str(engine_port),
             "--random-seed", "1", "--enable-metrics", "--sim-ttft-ms", "0", "--sim-itl-ms", "0",
             "--sim-max-running", "4096"]))
-        stack.enter_context(process([
+        stack.enter_context(launched([
             py, "-m", "genrm_gateway", "serve", "--host", "127.0.0.1", "--port", str(gateway_port),
             "--engine-url", f"http://127.0.0.1:{engine_port}", "--propagation-seconds", "0"],
             env=os.environ | {"GENRM_CONTROL_TOKEN": "bench"}))
@@ -154,7 +118,7 @@ def main() -> None:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="genrm-bench-nginx-")))
             conf = workdir / "nginx.conf"
             conf.write_text(NGINX_CONF.format(dir=workdir, engine_port=engine_port, port=nginx_port))
-            stack.enter_context(process([str(NGINX), "-p", str(workdir), "-e", str(workdir / "error.log"),
+            stack.enter_context(launched([str(NGINX), "-p", str(workdir), "-e", str(workdir / "error.log"),
                                          "-c", str(conf), "-g", "daemon off;"]))
             wait_ready(f"http://127.0.0.1:{nginx_port}/v1/models")
             targets["nginx"] = nginx_port

@@ -1,0 +1,79 @@
+"""Helpers to run the simulator (and its neighbours) as real processes on loopback ports.
+
+Why in the package: the gateway's and the operator's tests and the gateway benchmark all need
+to start an engine, wait for it and stop it cleanly; one implementation keeps them consistent.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import httpx
+
+
+def free_port() -> int:
+    """An ephemeral loopback port that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_ready(url: str, seconds: float = 30.0, status: int = 200) -> None:
+    """Poll ``url`` until it answers ``status``; raises TimeoutError after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1.0).status_code == status:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} did not answer {status} within {seconds}s")
+
+
+@contextmanager
+def launched(args: Sequence[str], env: dict[str, str] | None = None,
+             stop_seconds: float = 10.0) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``args``; on exit SIGTERM it, and SIGKILL it if it outlives ``stop_seconds``."""
+    proc = subprocess.Popen(list(args), env=env, stdout=subprocess.DEVNULL)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(stop_seconds)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@dataclass(frozen=True)
+class RunningSim:
+    process: subprocess.Popen[bytes]
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@contextmanager
+def run_sim(*args: str, env: dict[str, str] | None = None, wait_healthy: bool = True,
+            model: str = "judge-sim") -> Iterator[RunningSim]:
+    """A ``genrm-sim`` process on a free loopback port (zero latency unless ``args`` say otherwise)."""
+    port = free_port()
+    command = [sys.executable, "-m", "genrm_sim", "--model-path", model, "--host", "127.0.0.1",
+               "--port", str(port), "--enable-metrics", "--sim-ttft-ms", "0", "--sim-itl-ms", "0", *args]
+    with launched(command, env=None if env is None else os.environ | env) as proc:
+        sim = RunningSim(proc, port)
+        wait_ready(f"{sim.url}/health" if wait_healthy else f"{sim.url}/v1/models")
+        yield sim
