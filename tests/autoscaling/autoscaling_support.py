@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from typing import Any
 
 from genrm_operator.api.autoscaling import AutoscalerStatus, AutoscalingSpec
@@ -119,7 +120,7 @@ def flaps(decisions: Iterable[Decision]) -> int:
     directions = [
         1 if d.desired_replicas > d.current_replicas else -1 for d in decisions if d.apply
     ]
-    return sum(1 for a, b in zip(directions, directions[1:], strict=False) if a != b)
+    return sum(1 for a, b in pairwise(directions) if a != b)
 
 
 def condition(decision: Decision, kind: str) -> tuple[bool, str]:

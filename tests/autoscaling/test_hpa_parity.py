@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import pytest
 from autoscaling_support import TARGET, at, hpa_like, observe, serving, starting
+from genrm_operator.api.autoscaling import AutoscalerStatus
+from genrm_operator.autoscaling import Observation, ReplicaSample, ReplicaState, decide
 from hpa_reference import Hpa, Pod
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from genrm_operator.api.autoscaling import AutoscalerStatus
-from genrm_operator.autoscaling import Observation, ReplicaSample, ReplicaState, decide
 
 MAX = 20
 

@@ -14,7 +14,6 @@ from autoscaling_support import (
     starting,
     wire_round_trip,
 )
-
 from genrm_operator.api.autoscaling import AutoscalerStatus
 from genrm_operator.autoscaling import Decision, Observation, decide
 

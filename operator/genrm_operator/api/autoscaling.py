@@ -181,6 +181,8 @@ class MetricSpec(ApiModel):
     query: str | None = Field(None, max_length=4096)
     """Prometheus only: PromQL returning a single sample."""
 
+    _checked = model_validator(mode="after")(_check_metric)
+
     @property
     def key(self) -> str:
         """The metric's identity in observations, status and decision records."""

@@ -5,8 +5,8 @@ Load is in units of one replica's capacity, which is the InFlight target. Closed
 x target requests are in flight whatever the pool size. Open loop: requests arrive at
 ``rate`` x target / ``service_s`` per second into a fluid queue; each takes ``service_s``
 while its replica is not saturated and a serving replica completes at most
-``target / service_s`` per second, so a backlog builds while capacity is short. A new replica serves ``startup_s`` after it
-is created. The controller is :func:`decide`, called every ``interval_s`` with the
+``target / service_s`` per second, so a backlog builds while capacity is short. A new
+replica serves ``startup_s`` after it is created. The controller is :func:`decide`, called every ``interval_s`` with the
 InFlight each serving replica would report; its decisions are applied at once, removing
 starting replicas before serving ones (the operator's victim order).
 
@@ -32,7 +32,7 @@ EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
 @dataclass(frozen=True)
 class LoadProfile:
-    """Arrival rate in replica capacities: ``base`` until ``step_at_s``, ``peak`` until ``drop_at_s``, then ``after``."""
+    """Load in replica capacities: ``base``, then ``peak`` from ``step_at_s``, then ``after`` from ``drop_at_s``."""
 
     peak: float = 4.0
     step_at_s: float = 10.0
