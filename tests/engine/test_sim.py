@@ -104,8 +104,10 @@ def test_failure_injection_from_flags_and_env() -> None:
         with pytest.raises(httpx.TransportError):
             httpx.post(f"{crashing.url}/generate", json={"text": "x"})
         assert crashing.process.wait(5) != 0
-    with run_sim("--sim-hang") as hanging, pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{hanging.url}/generate", json={"text": "x"}, timeout=0.5)
+    with run_sim("--sim-hang") as hanging:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{hanging.url}/generate", json={"text": "x"}, timeout=0.5)
+        hanging.process.kill()  # a hung request never finishes, so SIGTERM would wait for it
 
 
 def test_unknown_sglang_flags_are_ignored_with_one_warning() -> None:

@@ -1,0 +1,68 @@
+"""A gateway process in front of a simulator process, both on loopback ephemeral ports."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import httpx
+import pytest
+from genrm_sim.testing import RunningSim, free_port, launched, run_sim, wait_ready
+
+TOKEN = "test-token"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+
+
+@dataclass(frozen=True)
+class Stack:
+    sim: RunningSim
+    port: int
+    process: object
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def state(self) -> dict[str, object]:
+        document: dict[str, object] = httpx.get(f"{self.url}/v1/state", headers=AUTH).json()
+        return document
+
+    def drain(self, drain_id: str, phase: str, **extra: object) -> httpx.Response:
+        return httpx.post(f"{self.url}/v1/drain", headers=AUTH, json={"drainId": drain_id, "phase": phase, **extra})
+
+    def metric(self, name: str) -> float:
+        for line in httpx.get(f"{self.url}/metrics").text.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+        raise KeyError(name)
+
+
+@contextmanager
+def gateway_stack(*gateway_args: str, sim_args: tuple[str, ...] = (), wait_ready_probe: bool = True,
+                  ) -> Iterator[Stack]:
+    with run_sim("--random-seed", "3", *sim_args) as sim:
+        port = free_port()
+        command = [sys.executable, "-m", "genrm_gateway", "serve", "--host", "127.0.0.1", "--port", str(port),
+                   "--engine-url", sim.url, "--quiet-seconds", "0.2", "--propagation-seconds", "0.2",
+                   "--engine-poll-seconds", "0.1", *gateway_args]
+        with launched(command, env=os.environ | {"GENRM_CONTROL_TOKEN": TOKEN}) as proc:
+            stack = Stack(sim, port, proc)
+            wait_ready(f"{stack.url}/healthz/ready" if wait_ready_probe else f"{stack.url}/healthz/live")
+            yield stack
+
+
+@pytest.fixture(scope="module")
+def shared() -> Iterator[Stack]:
+    """A stack that tests must leave Serving."""
+    with gateway_stack("--max-body-bytes", "4096") as stack:
+        yield stack
+
+
+@pytest.fixture
+def fresh() -> Iterator[Stack]:
+    """A stack of one's own, for tests that drain it."""
+    with gateway_stack(sim_args=("--sim-ttft-ms", "30", "--sim-itl-ms", "2")) as stack:
+        yield stack

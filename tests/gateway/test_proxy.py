@@ -1,0 +1,133 @@
+"""Judge traffic through a real gateway process: passthrough, refusals, engine failures, clients."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import httpx
+import openai
+import pytest
+from conftest import Stack, gateway_stack
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_proxies_and_propagates_request_ids(shared: Stack) -> None:
+    body = {"text": "judge: 1+1=2", "rid": "r-1", "sampling_params": {"temperature": 0}}
+    direct = httpx.post(f"{shared.sim.url}/generate", json=body)
+    proxied = httpx.post(f"{shared.url}/generate", json=body)
+    assert proxied.status_code == 200 and proxied.content == direct.content
+    assert proxied.headers["x-request-id"] == "r-1"
+    generated = httpx.post(f"{shared.url}/generate", json={"text": "x"})
+    assert generated.json()["meta_info"]["id"] == generated.headers["x-request-id"]
+    given = httpx.post(f"{shared.url}/generate", json={"text": "x"}, headers={"x-request-id": "abc"})
+    assert given.headers["x-request-id"] == "abc" and given.json()["meta_info"]["id"] == "abc"
+    assert httpx.get(f"{shared.url}/v1/models").json()["data"][0]["id"] == "judge-sim"
+    assert httpx.get(f"{shared.url}/get_model_info").status_code == 200
+
+
+def test_streaming_passthrough_is_byte_identical(shared: Stack) -> None:
+    body = {"text": "stream me", "rid": "s-1", "stream": True, "sampling_params": {"max_new_tokens": 12}}
+
+    def raw(url: str) -> bytes:
+        with httpx.stream("POST", f"{url}/generate", json=body) as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            return b"".join(response.iter_raw())
+
+    proxied = raw(shared.url)
+    assert proxied == raw(shared.sim.url)
+    assert proxied.endswith(b"data: [DONE]\n\n")
+
+
+def test_refusals_are_json_and_counted(shared: Stack) -> None:
+    for path in ("/flush_cache", "/update_weights_from_disk", "/shutdown", "/start_profile"):
+        response = httpx.post(f"{shared.url}{path}", json={})
+        assert response.status_code in (403, 404)
+        assert response.json()["error"]["reason"] == "notAllowed"
+    unknown = httpx.get(f"{shared.url}/nope")
+    assert unknown.status_code == 404 and unknown.json()["error"]["reason"] == "notFound"
+    bad = httpx.post(f"{shared.url}/generate", content=b"{not json")
+    assert bad.status_code == 400 and bad.json()["error"]["reason"] == "invalidJson"
+    assert httpx.post(f"{shared.url}/v1/completions", json=[1]).status_code == 400
+    huge = httpx.post(f"{shared.url}/generate", json={"text": "x" * 5000})
+    assert huge.status_code == 413 and huge.json()["error"]["reason"] == "bodyTooLarge"
+    assert httpx.get(f"{shared.url}/generate").status_code == 405
+    metrics = httpx.get(f"{shared.url}/metrics").text
+    assert 'genrm_gateway_refused_total{reason="bodyTooLarge"} 1.0' in metrics
+    assert 'genrm_gateway_requests_total{code="400",route="/generate"} 1.0' in metrics
+    assert httpx.post(f"{shared.url}/generate", json={"text": "still serving"}).status_code == 200
+
+
+def test_metrics_names(shared: Stack) -> None:
+    httpx.post(f"{shared.url}/generate", json={"text": "x"})
+    time.sleep(0.3)
+    text = httpx.get(f"{shared.url}/metrics").text
+    for name in ("genrm_gateway_inflight_requests", "genrm_gateway_requests_total{",
+                 "genrm_gateway_request_duration_seconds_bucket{", "genrm_gateway_drain_state{state=\"Serving\"} 1.0",
+                 "genrm_gateway_engine_up 1.0", "genrm_engine_running_requests", "genrm_engine_queued_requests",
+                 "genrm_engine_kv_cache_usage_ratio"):
+        assert name in text
+
+
+def test_openai_client_works_through_the_gateway(shared: Stack) -> None:
+    client = openai.OpenAI(base_url=f"{shared.url}/v1", api_key="unused", max_retries=0)
+    completion = client.chat.completions.create(
+        model="judge-sim", messages=[{"role": "user", "content": "grade this"}], temperature=0, max_tokens=40)
+    assert "Score" in (completion.choices[0].message.content or "") or completion.choices[0].finish_reason == "length"
+    stream = client.chat.completions.create(
+        model="judge-sim", messages=[{"role": "user", "content": "grade this"}], temperature=0, max_tokens=40,
+        stream=True)
+    streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert streamed == completion.choices[0].message.content
+
+
+def test_engine_killed_mid_request_gives_502_and_inflight_returns_to_zero() -> None:
+    with gateway_stack(sim_args=("--sim-ttft-ms", "3000")) as stack:
+        async def scenario() -> httpx.Response:
+            async with httpx.AsyncClient(timeout=10) as client:
+                request = asyncio.ensure_future(client.post(f"{stack.url}/generate", json={"text": "x"}))
+                await asyncio.sleep(0.5)
+                assert stack.metric("genrm_gateway_inflight_requests") == 1
+                stack.sim.process.kill()
+                return await request
+
+        response = asyncio.run(scenario())
+        assert response.status_code == 502
+        assert response.json()["error"]["reason"] == "engineDisconnected"
+        assert stack.metric("genrm_gateway_inflight_requests") == 0
+        down = httpx.post(f"{stack.url}/generate", json={"text": "x"})
+        assert down.status_code == 502 and down.json()["error"]["reason"] == "engineUnavailable"
+        time.sleep(0.3)
+        assert httpx.get(f"{stack.url}/healthz/ready").status_code == 503
+        assert httpx.get(f"{stack.url}/healthz/live").status_code == 200
+
+
+def test_client_disconnect_aborts_the_engine_request() -> None:
+    with gateway_stack(sim_args=("--sim-ttft-ms", "5000")) as stack:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{stack.url}/generate", json={"text": "x"}, timeout=0.4)
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and httpx.get(f"{stack.sim.url}/get_load").json()[0]["num_reqs"]:
+            time.sleep(0.05)
+        assert httpx.get(f"{stack.sim.url}/get_load").json()[0]["num_reqs"] == 0
+        assert stack.metric("genrm_gateway_inflight_requests") == 0
+        assert stack.state()["admittedTotal"] == stack.state()["completedTotal"]
+
+
+def test_sigterm_waits_for_inflight_requests() -> None:
+    with gateway_stack(sim_args=("--sim-ttft-ms", "1200")) as stack:
+        async def scenario() -> tuple[httpx.Response, httpx.Response]:
+            async with httpx.AsyncClient(timeout=10) as client:
+                slow = asyncio.ensure_future(client.post(f"{stack.url}/generate", json={"text": "x"}))
+                await asyncio.sleep(0.3)
+                stack.process.send_signal(signal.SIGTERM)  # type: ignore[attr-defined]
+                await asyncio.sleep(0.5)  # past the 0.2 s propagation window: fenced
+                refused = await client.post(f"{stack.url}/generate", json={"text": "y"})
+                return await slow, refused
+
+        slow, refused = asyncio.run(scenario())
+        assert slow.status_code == 200
+        assert refused.status_code == 503 and refused.headers["x-genrm-reason"] == "draining"
+        assert stack.process.wait(5) == 0  # type: ignore[attr-defined]
