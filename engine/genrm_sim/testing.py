@@ -67,13 +67,15 @@ class RunningSim:
 
 
 @contextmanager
-def run_sim(*args: str, env: dict[str, str] | None = None, wait_healthy: bool = True,
+def run_sim(*args: str, env: dict[str, str] | None = None, ready_path: str | None = "/health",
             model: str = "judge-sim") -> Iterator[RunningSim]:
-    """A ``genrm-sim`` process on a free loopback port (zero latency unless ``args`` say otherwise)."""
+    """A ``genrm-sim`` process on a free loopback port (zero latency unless ``args`` say otherwise),
+    yielded once ``ready_path`` answers 200 (at once when None, to start neighbours meanwhile)."""
     port = free_port()
     command = [sys.executable, "-m", "genrm_sim", "--model-path", model, "--host", "127.0.0.1",
                "--port", str(port), "--enable-metrics", "--sim-ttft-ms", "0", "--sim-itl-ms", "0", *args]
     with launched(command, env=None if env is None else os.environ | env) as proc:
         sim = RunningSim(proc, port)
-        wait_ready(f"{sim.url}/health" if wait_healthy else f"{sim.url}/v1/models")
+        if ready_path is not None:
+            wait_ready(f"{sim.url}{ready_path}")
         yield sim

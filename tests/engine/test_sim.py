@@ -78,7 +78,7 @@ def test_output_length_streaming_and_sglang_shapes() -> None:
 
 def test_startup_queueing_and_abort() -> None:
     with run_sim("--sim-startup-seconds", "1.0", "--sim-ttft-ms", "400", "--sim-max-running", "1",
-                 wait_healthy=False) as sim:
+                 ready_path="/v1/models") as sim:
         assert httpx.get(f"{sim.url}/health").status_code == 503
         wait_ready(f"{sim.url}/health", seconds=5)
         results: list[dict[str, object]] = []

@@ -43,7 +43,7 @@ class Stack:
 @contextmanager
 def gateway_stack(*gateway_args: str, sim_args: tuple[str, ...] = (), wait_ready_probe: bool = True,
                   ) -> Iterator[Stack]:
-    with run_sim("--random-seed", "3", *sim_args) as sim:
+    with run_sim("--random-seed", "3", *sim_args, ready_path=None) as sim:
         port = free_port()
         command = [sys.executable, "-m", "genrm_gateway", "serve", "--host", "127.0.0.1", "--port", str(port),
                    "--engine-url", sim.url, "--quiet-seconds", "0.2", "--propagation-seconds", "0.2",

@@ -1,0 +1,136 @@
+"""The drain protocol against a real gateway: auth, idempotency, readiness, zero loss under load."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from conftest import AUTH, TOKEN, Stack, gateway_stack
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_control_endpoints_need_the_token(shared: Stack) -> None:
+    assert httpx.get(f"{shared.url}/v1/state").status_code == 401
+    wrong = httpx.get(f"{shared.url}/v1/state", headers={"authorization": "Bearer nope"})
+    assert wrong.status_code == 403 and wrong.json()["error"]["reason"] == "forbidden"
+    assert httpx.post(f"{shared.url}/v1/drain", json={"drainId": "x", "phase": "soft"}).status_code == 401
+    assert httpx.post(f"{shared.url}/v1/undrain", json={"drainId": "x"},
+                      headers={"authorization": "Bearer nope"}).status_code == 403
+    state = shared.state()
+    assert state["state"] == "Serving" and state["engine"]["healthy"] is True  # type: ignore[index]
+    assert shared.drain("x", "sideways").status_code == 400
+
+
+def test_drain_ids_are_idempotent_and_exclusive(fresh: Stack) -> None:
+    assert httpx.get(f"{fresh.url}/healthz/ready").status_code == 200
+    soft = fresh.drain("op-1/pod", "soft")
+    assert soft.status_code == 200 and soft.json()["state"] == "SoftDrain"
+    assert fresh.drain("op-1/pod", "soft").json()["state"] == "SoftDrain"
+    assert fresh.drain("op-2/pod", "soft").status_code == 409
+    ready = httpx.get(f"{fresh.url}/healthz/ready")
+    assert ready.status_code == 503 and ready.json()["error"]["reason"] == "draining"
+    served = httpx.post(f"{fresh.url}/generate", json={"text": "x"})
+    assert served.status_code == 200 and served.headers["x-genrm-draining"] == "1"
+    assert httpx.post(f"{fresh.url}/v1/undrain", headers=AUTH, json={"drainId": "op-2/pod"}).status_code == 409
+    undrained = httpx.post(f"{fresh.url}/v1/undrain", headers=AUTH, json={"drainId": "op-1/pod"})
+    assert undrained.status_code == 200 and undrained.json()["state"] == "Serving"
+    assert httpx.post(f"{fresh.url}/v1/undrain", headers=AUTH, json={"drainId": "any"}).status_code == 200
+    assert "x-genrm-draining" not in httpx.post(f"{fresh.url}/generate", json={"text": "x"}).headers
+    fenced = fresh.drain("op-3/pod", "fence", quietSeconds=0.1)
+    assert fenced.status_code == 200 and fenced.json()["state"] in ("Fenced", "Drained")
+    refused = httpx.post(f"{fresh.url}/generate", json={"text": "x"})
+    assert refused.status_code == 503
+    assert refused.headers["retry-after"] == "1" and refused.headers["x-genrm-reason"] == "draining"
+    assert refused.json()["error"]["reason"] == "draining"
+    deadline = time.monotonic() + 5
+    while fresh.state()["state"] != "Drained" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert fresh.state()["state"] == "Drained"
+    assert fresh.drain("op-3/pod", "soft").json()["state"] == "Drained"
+    assert httpx.post(f"{fresh.url}/v1/undrain", headers=AUTH, json={"drainId": "op-3/pod"}).status_code == 409
+
+
+def test_drain_under_continuous_load_loses_nothing(fresh: Stack) -> None:
+    """Clients hammer the gateway through soft drain and fence: every request is either answered
+    200 or refused 503-draining; after the fence only refusals; Drained after the last answer."""
+    outcomes: list[tuple[float, float, int, str]] = []  # (sent, done, status, reason)
+    fenced_at: list[float] = []
+    drained_at: list[float] = []
+
+    async def client_loop(client: httpx.AsyncClient, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            sent = time.monotonic()
+            response = await client.post(f"{fresh.url}/generate",
+                                         json={"text": "judge", "sampling_params": {"max_new_tokens": 8}})
+            reason = response.headers.get("x-genrm-reason", "")
+            outcomes.append((sent, time.monotonic(), response.status_code, reason))
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        async with httpx.AsyncClient(timeout=10, limits=httpx.Limits(max_connections=32)) as client:
+            loops = [asyncio.ensure_future(client_loop(client, stop)) for _ in range(16)]
+            await asyncio.sleep(0.4)
+            await client.post(f"{fresh.url}/v1/drain", headers=AUTH, json={"drainId": "d", "phase": "soft"})
+            await asyncio.sleep(0.4)
+            await client.post(f"{fresh.url}/v1/drain", headers=AUTH,
+                              json={"drainId": "d", "phase": "fence", "quietSeconds": 0.3})
+            fenced_at.append(time.monotonic())
+            await asyncio.sleep(0.4)
+            stop.set()
+            while True:
+                state = (await client.get(f"{fresh.url}/v1/state", headers=AUTH)).json()
+                if state["state"] == "Drained":
+                    drained_at.append(time.monotonic())
+                    break
+                await asyncio.sleep(0.02)
+            await asyncio.gather(*loops)
+
+    asyncio.run(scenario())
+    statuses = {(status, reason) for _, _, status, reason in outcomes}
+    assert statuses <= {(200, ""), (503, "draining")}
+    assert any(status == 200 for _, _, status, _ in outcomes)
+    assert all(status == 503 for sent, _, status, _ in outcomes if sent > fenced_at[0])
+    assert any(sent > fenced_at[0] for sent, _, _, _ in outcomes)
+    last_answer = max(done for _, done, status, _ in outcomes if status == 200)
+    assert drained_at[0] > last_answer
+    state = fresh.state()
+    assert state["inflight"] == 0 and state["admittedTotal"] == state["completedTotal"]
+    assert state["refusedTotal"] == sum(1 for _, _, status, _ in outcomes if status == 503)
+
+
+def _drain_command(stack: Stack, deadline: float, drain_id: str = "preStop") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "genrm_gateway", "drain", "--wait", "--deadline-seconds", str(deadline),
+         "--port", str(stack.port), "--propagation-seconds", "0.2", "--drain-id", drain_id],
+        env=os.environ | {"GENRM_CONTROL_TOKEN": TOKEN}, capture_output=True, text=True, timeout=20)
+
+
+def test_prestop_drain_command_blocks_until_drained(fresh: Stack) -> None:
+    assert _drain_command(fresh, 10).returncode == 0
+    state = fresh.state()
+    assert state["state"] == "Drained" and state["drainId"] == "preStop"
+
+
+def test_prestop_waits_for_an_operator_drain_and_honours_its_deadline() -> None:
+    with gateway_stack(sim_args=("--sim-ttft-ms", "2500")) as stack:
+        assert stack.drain("operator-op", "soft").status_code == 200
+
+        async def scenario() -> tuple[subprocess.CompletedProcess[str], int]:
+            async with httpx.AsyncClient(timeout=10) as client:
+                slow = asyncio.ensure_future(client.post(f"{stack.url}/generate", json={"text": "x"}))
+                await asyncio.sleep(0.2)
+                stack.drain("operator-op", "fence")
+                result = await asyncio.to_thread(_drain_command, stack, 1.0)
+                return result, (await slow).status_code
+
+        result, slow_status = asyncio.run(scenario())
+        assert result.returncode != 0  # the deadline passed while a request was in flight
+        assert slow_status == 200
+        assert stack.state()["drainId"] == "operator-op"
+        assert _drain_command(stack, 10).returncode == 0
