@@ -21,27 +21,31 @@ and finally that once inputs stop changing and the world is healthy with enough 
 the pool converges to ``spec.replicas`` serving replicas and no operation within a
 bounded number of steps, and then stays quiet.
 
-Runs 2,300 generated sequences in total (derandomized, so CI is reproducible).
+Runs 2,400 generated sequences in total (derandomized, so CI is reproducible).
 """
 
 from __future__ import annotations
 
 import math
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from genrm_operator.api.pool import GenRMPoolSpec
 from genrm_operator.core.reconcile import BACKOFF_MAX_SECONDS
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from .world import Ev, Violation, World
 
 CALM_DT = 2.0
-COMMON = settings(deadline=None, derandomize=True, database=None,
-                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def budget(max_examples: int) -> settings:
+    """Reproducible settings for CI: derandomized, no deadline, no example database."""
+    return settings(max_examples=max_examples, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
 
 KINDS = (
-    "none", "none", "none", "scale", "scale", "arrive", "arrive", "arrive", "finish", "finish",
+    "none", "none", "none", "scale", "scale", "scale", "arrive", "arrive", "arrive", "finish", "finish",
     "crash", "fail", "slow", "perturb", "gpus", "tick", "tick", "lose", "lag", "lag", "unreachable",
     "admin_delete",
 )
@@ -88,7 +92,7 @@ def events(kinds: tuple[str, ...]) -> st.SearchStrategy[Ev]:
 
 
 def sequences(kinds: tuple[str, ...]) -> st.SearchStrategy[list[list[Ev]]]:
-    return st.lists(st.lists(events(kinds), max_size=2), min_size=1, max_size=30)
+    return st.lists(st.lists(events(kinds), min_size=1, max_size=2), min_size=6, max_size=30)
 
 
 def convergence_budget(world: World) -> int:
@@ -123,17 +127,24 @@ def settle(world: World, label: str) -> int:
 
 
 def run(spec: GenRMPoolSpec, steps: list[list[Ev]], *, gpus: int = 8) -> World:
-    world = World(spec=spec)
+    world = World(spec=spec, keep_plans=True)
     settle(world, "initial scale-out")
     world.gpus = gpus
     for evs in steps:
         world.step(evs)
     settle(world, "after the disturbances")
+    for outcome in sorted({f"{h.type} {h.outcome} {h.reason}" for h in world.status.history}):
+        event(outcome)
+    kinds = {type(a).__name__ for p in world.plans for a in p.actions}
+    for kind in sorted(kinds):
+        event(f"action {kind}")
+    if world.forced_deletes:
+        event("forced delete")
+    world.plans.clear()
     return world
 
 
-@COMMON
-@settings(max_examples=1500)
+@budget(1400)
 @given(spec=specs(st.sampled_from(["Fail", "Force"])), steps=sequences(KINDS), gpus=st.integers(1, 8))
 def test_random_disturbances_never_lose_requests_and_the_pool_converges(
     spec: GenRMPoolSpec, steps: list[list[Ev]], gpus: int
@@ -142,13 +153,12 @@ def test_random_disturbances_never_lose_requests_and_the_pool_converges(
 
 
 DRAIN_KINDS = (
-    "none", "none", "scale", "scale", "arrive", "arrive", "arrive", "arrive", "finish", "tick", "tick",
+    "none", "none", "scale", "scale", "scale", "arrive", "arrive", "arrive", "arrive", "finish", "tick", "tick",
     "lose", "lag", "unreachable",
 )
 
 
-@COMMON
-@settings(max_examples=500)
+@budget(600)
 @given(spec=specs(st.sampled_from(["Fail", "Force"])), steps=sequences(DRAIN_KINDS))
 def test_busy_scale_ins_only_drop_requests_of_force_timed_out_victims(
     spec: GenRMPoolSpec, steps: list[list[Ev]]
@@ -162,8 +172,7 @@ def test_busy_scale_ins_only_drop_requests_of_force_timed_out_victims(
 FAULT_KINDS = ("none", "scale", "crash", "fail", "slow", "gpus", "lose", "lag", "tick", "admin_delete")
 
 
-@COMMON
-@settings(max_examples=300)
+@budget(400)
 @given(spec=specs(st.just("Fail")), steps=sequences(FAULT_KINDS), gpus=st.integers(0, 6))
 def test_failures_and_short_capacity_are_repaired_once_the_world_heals(
     spec: GenRMPoolSpec, steps: list[list[Ev]], gpus: int

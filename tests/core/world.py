@@ -155,6 +155,7 @@ class World:
     generation: int = 1
     pods: dict[str, SimPod] = field(default_factory=dict)
     names_ever: set[str] = field(default_factory=set)
+    names_seen: set[str] = field(default_factory=set)
     step_no: int = 0
     uid_counter: int = 0
     perturb_next: int = 0
@@ -296,6 +297,7 @@ class World:
     def observe(self, lag: bool, unreachable: Iterable[str]) -> Observed:
         views = tuple(p.view() for p in sorted(self.pods.values(), key=lambda p: p.ordinal))
         pods = self.last_views if lag and self.last_views is not None else views
+        self.names_seen.update(p.name for p in pods)
         self.last_views = views
         down = set(unreachable)
         sidecars = {p.name: (None if p.name in down else self.sidecar_view(p)) for p in self.pods.values()}
@@ -381,8 +383,10 @@ class World:
             raise Violation(f"CreatePod {name} does not carry its ordinal {ordinal}")
         if name in self.pods:
             return  # AlreadyExists: success, nothing new
-        if name in self.names_ever:
-            raise Violation(f"pod name {name} reused after its pod was deleted")
+        if name in self.names_seen:
+            # A pod deleted by someone else before the core ever listed it is indistinguishable from
+            # a lost create, so retrying that name is allowed; reusing a name the core saw is not.
+            raise Violation(f"pod name {name} reused after its pod was seen and deleted")
         self.names_ever.add(name)
         self.uid_counter += 1
         pod = SimPod(name=name, uid=f"uid-{self.uid_counter}", ordinal=ordinal, created_at=self.now)

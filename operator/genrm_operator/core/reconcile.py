@@ -98,6 +98,8 @@ class _Step:
         self.op = self.status.operation
         self.op_count = self.status.operation_count
         self.history = list(self.status.history)
+        self.carried: list[AddedPod] = []
+        """Unobserved creates of a scale-out that finished this step: still counted, retried if resumed."""
 
     # ----- bookkeeping -------------------------------------------------------------------------
 
@@ -115,7 +117,9 @@ class _Step:
 
     def pending_creates(self) -> list[AddedPod]:
         """Pods this operation created that the index has not shown yet (create may be lost)."""
-        if self.op is None or self.op.type != "ScaleOut":
+        if self.op is None:
+            return [a for a in self.carried if a.name not in self.by_name]
+        if self.op.type != "ScaleOut":
             return []
         return [a for a in self.op.added_pods if not a.observed and a.name not in self.by_name]
 
@@ -139,6 +143,8 @@ class _Step:
     def finish(self, op: Operation, outcome: str, reason: str, message: str) -> None:
         """Move the operation to history and clear it."""
         forced = sum(1 for v in op.victims if v.forced)
+        if op.type == "ScaleOut":
+            self.carried = [a for a in op.added_pods if not a.observed and a.name not in self.by_name]
         started = from_rfc3339(op.started_at)
         self.history.append(HistoryEntry.model_validate({
             "id": op.id, "type": op.type, "from": op.from_, "to": op.to, "outcome": outcome,
@@ -156,8 +162,10 @@ class _Step:
 
     def run(self) -> Plan:
         self.note_observed_creates()
-        self.clean_up_outside_operations()
+        # Supersede first: the victims of a superseded scale-in are ordinary replicas again, so a
+        # failed or drained one is cleaned up in this step rather than outliving its replacement.
         self.supersede_if_target_changed()
+        self.clean_up_outside_operations()
         if self.op is None:
             self.maybe_start_operation()
         if self.op is not None and self.op.type == "ScaleOut":
@@ -214,6 +222,7 @@ class _Step:
         self.op = Operation.model_validate({
             "id": f"op-{self.op_count}", "type": type_, "from": serving, "to": self.desired,
             "phase": "Pending", "startedAt": stamp, "lastTransitionTime": stamp,
+            "addedPods": self.carried if type_ == "ScaleOut" else [],
         })
         self.emit(f"{type_}Started", f"op-{self.op_count} {type_} {serving}->{self.desired}")
 
@@ -345,6 +354,9 @@ class _Step:
         pod = r.pod
         if r.role is Role.TERMINATING:
             return v, "Removing", ""
+        if not v.needs_drain and (pod.published or pod.ever_published):
+            # Chosen from a pod list that predated its publication: it may be serving, so drain it.
+            v = v.model_copy(update={"needs_drain": True})
         if r.role is Role.FAILED or not v.needs_drain or v.drained_at is not None or r.role is Role.DRAINED:
             if r.role is Role.DRAINED and v.drained_at is None:
                 v = v.model_copy(update={"drained_at": to_rfc3339(self.now)})
