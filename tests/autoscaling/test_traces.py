@@ -225,3 +225,10 @@ def test_prometheus_value_and_average_value_semantics() -> None:
     decision = decide(spec(**overrides), observation, AutoscalerStatus())
     assert [m.replicas for m in decision.metrics] == [2, 4, 5]
     assert decision.desired_replicas == 5
+
+
+def test_nothing_serving_yet_is_no_data_not_a_failure() -> None:
+    fallback = {"policy": "Static", "replicas": 5, "failureThreshold": 1}
+    decision = decide(spec(fallback=fallback), observe(0, starting(2)), AutoscalerStatus(consecutive_failures=3))
+    assert decision.desired_replicas == 2 and decision.status.consecutive_failures == 3
+    assert condition(decision, "ScalingActive") == (False, "NoServingReplicas")

@@ -43,26 +43,27 @@ def recommend(
     drivers = [o for o, m in zip(outcomes, spec.metrics, strict=True) if m.type != "KVCache"]
     proposals = [o.replicas for o in outcomes if o.replicas is not None]
     driver_blind = all(o.replicas is None for o in drivers)
+    drivers_failed = driver_blind and any(o.failed for o in drivers)
     if not driver_blind:
         failures = 0
-    elif any(o.failed for o in drivers):
+    elif drivers_failed:
         failures = previous_failures + 1
     else:
         failures = previous_failures  # nothing is serving yet: no data, which is not a failure
 
     if proposals and max(proposals) > current:
         return Recommendation(max(proposals), None, failures)
+    if drivers_failed:
+        return _fallback(spec, current, failures)
     if driver_blind:
-        return _blind(spec, current, failures)
+        return Recommendation(None, "NoServingReplicas", failures)
     if any(o.failed for o in outcomes) and max(proposals) < current:
         return Recommendation(None, "MetricsFailed", failures)
     return Recommendation(max(proposals), None, failures)
 
 
-def _blind(spec: AutoscalingSpec, current: int, failures: int) -> Recommendation:
-    """No driving metric answered: hold, or apply the fallback once the threshold is reached."""
-    if failures == 0:
-        return Recommendation(None, "NoServingReplicas", failures)
+def _fallback(spec: AutoscalingSpec, current: int, failures: int) -> Recommendation:
+    """Every driving metric failed: hold, or apply the fallback once the threshold is reached."""
     fallback = spec.fallback
     if failures < fallback.failure_threshold or fallback.replicas is None:
         return Recommendation(None, "FailedGetMetrics", failures)
