@@ -261,9 +261,10 @@ class PanicSpec(ApiModel):
     """How long panic lasts after the last recommendation that crossed the threshold (Knative: one
     stable window). While panicking the pool never shrinks, and a further scale-up is allowed even
     while replicas added earlier are still starting."""
-    threshold: PositiveQuantity = "2"
-    """Enter panic when the raw recommendation reaches this multiple of the current replicas (those
-    starting included, so a pool that is already growing does not panic about its own cold start)."""
+    threshold: PositiveQuantity
+    """Required (setting it is what turns panic on; Knative uses "2"): enter panic when the raw
+    recommendation reaches this multiple of the current replicas (those starting included, so a pool
+    that is already growing does not panic about its own cold start)."""
 
 
 _FALLBACK_CONFIG, _check_fallback = _ruled(
