@@ -49,20 +49,30 @@ PRINTER_COLUMNS = [
 ]
 
 
+def _resolve(node: Schema, defs: Schema) -> Schema:
+    """Inline a ``$ref`` (keeping the referring node's own keys, e.g. its description)."""
+    if "$ref" in node:
+        target = defs[node.pop("$ref").split("/")[-1]]
+        node = {**target, **node}
+    return node
+
+
+def _nullable(node: Schema) -> bool:
+    """An ``X | None`` field: absent means off, so it must not get an implicit ``{}`` default."""
+    return any(option.get("type") == "null" for option in node.get("anyOf", []))
+
+
 def _structural(node: Any, defs: Schema) -> Any:
     """Rewrite one pydantic schema node into a Kubernetes structural schema node."""
     if isinstance(node, list):
         return [_structural(n, defs) for n in node]
     if not isinstance(node, dict):
         return node
-    node = dict(node)
-    if "$ref" in node:
-        target = defs[node.pop("$ref").split("/")[-1]]
-        node = {**target, **node}
+    node = _resolve(dict(node), defs)
     if "anyOf" in node:
         options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
         if len(options) == 1:
-            node = {**options[0], **node}
+            node = {**_resolve(dict(options[0]), defs), **node}
             if node.get("default", 0) is None:
                 node.pop("default")
         else:
@@ -82,7 +92,7 @@ def _structural(node: Any, defs: Schema) -> Any:
         out["properties"] = {k: _structural(v, defs) for k, v in node["properties"].items()}
         required = set(out.get("required", []))
         for key, prop in out["properties"].items():
-            if key in required or "default" in prop:
+            if key in required or "default" in prop or _nullable(node["properties"][key]):
                 continue
             if prop.get("type") == "array":
                 prop["default"] = []
