@@ -15,6 +15,7 @@ from typing import Any
 import uvicorn
 
 from genrm_gateway.app import Gateway
+from genrm_gateway.coalesce import CoalescingHttpToolsProtocol
 from genrm_gateway.config import EngineAddress, GatewayConfig
 from genrm_gateway.prestop import PreStopDrain
 from genrm_gateway.server import GatewayServer
@@ -70,7 +71,7 @@ def serve(args: argparse.Namespace) -> None:
     )
     gateway = Gateway(config)
     server = GatewayServer(
-        uvicorn.Config(gateway, host=config.host, port=config.port, loop="uvloop", http="httptools",
+        uvicorn.Config(gateway, host=config.host, port=config.port, loop="uvloop", http=CoalescingHttpToolsProtocol,
                        lifespan="on", log_level="warning", access_log=False, server_header=False,
                        proxy_headers=False,
                        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS),
