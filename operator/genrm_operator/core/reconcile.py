@@ -399,7 +399,7 @@ class _Step:
         conds = [
             self.available(serving, prev, generation),
             self.progressing(serving, starting, draining, prev, generation),
-            self.degraded(serving, prev, generation),
+            self.degraded(serving, draining + drained + victims_left, prev, generation),
         ]
         return self.status.model_copy(update={
             "observed_generation": generation,
@@ -441,7 +441,7 @@ class _Step:
         return set_condition(prev, "Progressing", "False", reason or "Waiting",
                              f"{serving}/{self.desired} serving; {starting} starting", self.now, generation)
 
-    def degraded(self, serving: int, prev: list[Condition], generation: int) -> Condition:
+    def degraded(self, serving: int, surplus: int, prev: list[Condition], generation: int) -> Condition:
         inconsistent = [r.pod.name for r in self.role(Role.STARTING) if r.pod.verification == "failed"]
         failed = [r.pod.name for r in self.role(Role.FAILED)]
         last = self.history[-1] if self.history else None
@@ -452,7 +452,7 @@ class _Step:
         if failed:
             return set_condition(prev, "Degraded", "True", "ReplicaFailed", ", ".join(failed), self.now,
                                  generation)
-        if last is not None and last.outcome in ("Partial", "Failed") and serving != self.desired:
+        if last is not None and last.outcome in ("Partial", "Failed") and (serving != self.desired or surplus):
             return set_condition(prev, "Degraded", "True", last.reason or "OperationFailed", last.message,
                                  self.now, generation)
         return set_condition(prev, "Degraded", "False", "AsExpected", "", self.now, generation)

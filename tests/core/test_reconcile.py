@@ -1,0 +1,590 @@
+"""Example-based tests of the reconcile state machine.
+
+Aspects under test:
+- scale-out phases Pending -> Provisioning -> Verifying -> Succeeded;
+- scale-in phases Pending -> Unpublishing -> Fencing -> Draining -> Removing -> Succeeded, with
+  the victims written into status before any action touches them;
+- reversal: a new target while victims are soft-drained or fenced rescues them (Undrain)
+  before any pod is created;
+- victim order: unpublished or not ready first, then fewest in flight, then newest;
+- drain timeout under onTimeout Fail (operation Failed, victim kept, Degraded, Warning event)
+  and Force (victim deleted, forced recorded); an unreachable sidecar never counts as drained;
+- failed, crashed and startup-timed-out replicas are replaced, the operation ends Partial
+  with the reason, and replacements back off;
+- Unschedulable ends Partial(Unschedulable) and completes once capacity appears;
+- a verification mismatch is never published: Partial(ReplicaInconsistent), Degraded, event;
+  the first replica is verified without a reference, later ones against the oldest serving;
+- deterministic pod names and nextOrdinal (retried creates reuse the name, deleted names are
+  never reused);
+- conditions: the three types, CamelCase reasons, lastTransitionTime moves only on flips;
+- bounded history; the status survives its wire form.
+"""
+
+from __future__ import annotations
+
+import re
+from itertools import pairwise
+from typing import Any
+
+import pytest
+from genrm_operator.api.pool import GenRMPoolSpec, GenRMPoolStatus
+from genrm_operator.api.status import HISTORY_LIMIT, HistoryEntry, Operation
+from genrm_operator.core.classify import Replica, Role, classify
+from genrm_operator.core.clock import to_rfc3339
+from genrm_operator.core.conditions import find
+from genrm_operator.core.model import (
+    CreatePod,
+    DeletePod,
+    Drain,
+    Observed,
+    Plan,
+    PodView,
+    SetPublished,
+    SidecarView,
+    Undrain,
+    Verify,
+)
+from genrm_operator.core.names import drain_id
+from genrm_operator.core.reconcile import create_backoff, ordinal_of, reconcile
+from genrm_operator.core.victims import choose_victims
+
+from .world import POOL, START, Ev, World
+
+NOW = START + 1000.0
+CAMEL = re.compile(r"^[A-Z][A-Za-z0-9]*$")
+
+
+# ----- builders --------------------------------------------------------------------------------
+
+
+def make_spec(replicas: int = 1, **wire: Any) -> GenRMPoolSpec:
+    doc: dict[str, Any] = {
+        "replicas": replicas, "model": {"path": "org/judge-7b"},
+        "drain": {"propagationSeconds": 2, "quietSeconds": 1, "timeoutSeconds": 30},
+        "engine": {"startupTimeoutSeconds": 60},
+    }
+    for key, value in wire.items():
+        doc[key] = {**doc.get(key, {}), **value} if isinstance(value, dict) else value
+    return GenRMPoolSpec.model_validate(doc)
+
+
+def serving_pod(name: str, created_at: float = START, **changes: Any) -> PodView:
+    fields: dict[str, Any] = dict(uid=f"uid-{name}", created_at=created_at, phase="Running", ready=True,
+                                  published=True, ever_published=True, verification="passed")
+    fields.update(changes)
+    return PodView(name=name, **fields)
+
+
+def serving_sidecar(**changes: Any) -> SidecarView:
+    fields: dict[str, Any] = dict(state="Serving", inflight=0, engine_healthy=True)
+    fields.update(changes)
+    return SidecarView(**fields)
+
+
+def observe(spec: GenRMPoolSpec, pods: list[PodView], sidecars: dict[str, SidecarView | None] | None = None,
+            status: GenRMPoolStatus | None = None, now: float = NOW) -> Observed:
+    if sidecars is None:
+        sidecars = {p.name: serving_sidecar() for p in pods}
+    return Observed(name=POOL, generation=3, spec=spec, status=status or GenRMPoolStatus(), pods=tuple(pods),
+                    sidecars=sidecars, now=now)
+
+
+def scale_in(victims: list[dict[str, Any]], to: int = 1, phase: str = "Draining", **status: Any) -> GenRMPoolStatus:
+    op = Operation.model_validate({
+        "id": "op-7", "type": "ScaleIn", "from": 2, "to": to, "phase": phase,
+        "startedAt": to_rfc3339(NOW - 100), "lastTransitionTime": to_rfc3339(NOW - 50), "victims": victims,
+    })
+    return GenRMPoolStatus.model_validate({"nextOrdinal": 9, "operationCount": 7, **status}).model_copy(
+        update={"operation": op})
+
+
+def converged_world(replicas: int, **spec_wire: Any) -> World:
+    world = World(spec=make_spec(replicas, **spec_wire), keep_plans=True)
+    run_until(world, world.converged)
+    world.plans.clear()
+    return world
+
+
+def run_until(world: World, done: Any, max_steps: int = 200, events: list[Ev] | None = None) -> int:
+    for taken in range(1, max_steps + 1):
+        world.step(events or [])
+        if done():
+            return taken
+    raise AssertionError(f"not done after {max_steps} steps: {world.status.operation}")
+
+
+def names(plan: Plan, kind: type) -> list[str]:
+    return [a.name for a in plan.actions if isinstance(a, kind)]  # type: ignore[attr-defined]
+
+
+def reasons(plans: list[Plan]) -> list[str]:
+    return [e.reason for p in plans for e in p.events]
+
+
+# ----- scale-out ------------------------------------------------------------------------------
+
+
+def test_a_scale_out_goes_pending_provisioning_verifying_succeeded() -> None:
+    world = converged_world(1)
+    world.scale(3)
+    run_until(world, world.converged)
+    phases = [e.reason for p in world.plans for e in p.events if e.reason.startswith("ScaleOut")]
+    assert phases == ["ScaleOutStarted", "ScaleOutProvisioning", "ScaleOutVerifying", "ScaleOutSucceeded"]
+    seen = [p.status.operation.phase for p in world.plans if p.status.operation is not None]
+    assert seen == sorted(seen, key=["Provisioning", "Verifying"].index)
+    assert {"Provisioning", "Verifying"} <= set(seen)
+    started = next(e for p in world.plans for e in p.events if e.reason == "ScaleOutStarted")
+    assert started.message == "op-2 ScaleOut 1->3"
+    last = world.status.history[-1]
+    assert (last.type, last.from_, last.to, last.outcome, last.reason) == ("ScaleOut", 1, 3, "Succeeded",
+                                                                            "TargetReached")
+    assert world.status.serving_replicas == 3 and world.status.operation is None
+
+
+def test_a_scale_out_creates_exactly_the_shortfall_and_publishes_only_verified_ready_replicas() -> None:
+    spec = make_spec(3)
+    plan = reconcile(observe(spec, [serving_pod("judge-0")]))
+    assert plan.actions == (CreatePod("judge-1", 1), CreatePod("judge-2", 2))
+    assert plan.status.operation is not None and plan.status.operation.phase == "Provisioning"
+    assert [a.name for a in plan.status.operation.added_pods] == ["judge-1", "judge-2"]
+    new = PodView("judge-1", "uid-1", NOW, phase="Running", ready=True)
+    warm = reconcile(observe(spec, [serving_pod("judge-0"), new], status=plan.status, now=NOW + 5))
+    assert Verify("judge-1", "uid-1", "judge-0") in warm.actions
+    assert not names(warm, SetPublished)
+    passed = reconcile(observe(spec, [serving_pod("judge-0"), PodView(
+        "judge-1", "uid-1", NOW, phase="Running", ready=True, verification="passed")],
+        status=warm.status, now=NOW + 6))
+    assert SetPublished("judge-1", "uid-1", True) in passed.actions
+
+
+def test_a_replica_whose_engine_is_not_warm_is_neither_verified_nor_published() -> None:
+    spec = make_spec(2)
+    pod = PodView("judge-1", "uid-1", NOW, phase="Running", ready=True, verification="passed")
+    cold = {"judge-0": serving_sidecar(), "judge-1": serving_sidecar(engine_healthy=False)}
+    plan = reconcile(observe(spec, [serving_pod("judge-0"), pod], cold))
+    assert not names(plan, SetPublished) and not names(plan, Verify)
+
+
+# ----- scale-in -------------------------------------------------------------------------------
+
+
+def test_a_scale_in_goes_unpublishing_fencing_draining_removing_succeeded_with_victims_recorded_first() -> None:
+    world = converged_world(2)
+    world.step([Ev("arrive", 0, 3), Ev("arrive", 1, 1)])
+    world.scale(1)
+    statuses = [world.status]
+    for _ in range(6):
+        world.step()
+        statuses.append(world.status)
+    world.step([Ev("finish", 1, 1)])
+    statuses.append(world.status)
+    run_until(world, world.converged)
+    statuses += [p.status for p in world.plans[len(statuses) - 1:]]
+
+    events = [e.reason for p in world.plans for e in p.events if e.reason.startswith("ScaleIn")]
+    assert events == ["ScaleInStarted", "ScaleInUnpublishing", "ScaleInFencing", "ScaleInDraining",
+                      "ScaleInRemoving", "ScaleInSucceeded"]
+    assert world.status.history[-1].reason == "TargetReached"
+    assert sorted(world.pods) == ["judge-0"], "the replica with fewer requests in flight was removed"
+    # Every drain, unpublish and delete names a victim that the previously written status recorded.
+    for before, plan in zip(statuses, world.plans, strict=False):
+        recorded = {v.name for v in before.operation.victims} if before.operation else set()
+        touched = names(plan, Drain) + names(plan, DeletePod) + [
+            a.name for a in plan.actions if isinstance(a, SetPublished) and not a.published]
+        assert set(touched) <= recorded, (touched, recorded)
+
+
+def test_victims_are_written_into_status_in_a_step_without_side_effects() -> None:
+    spec = make_spec(1)
+    pods = [serving_pod("judge-0"), serving_pod("judge-1", START + 5)]
+    plan = reconcile(observe(spec, pods))
+    op = plan.status.operation
+    assert op is not None and op.type == "ScaleIn" and op.phase == "Unpublishing"
+    assert [(v.name, v.uid, v.needs_drain) for v in op.victims] == [("judge-1", "uid-judge-1", True)]
+    assert plan.actions == ()
+    nxt = reconcile(observe(spec, pods, status=plan.status, now=NOW + 1))
+    assert nxt.actions == (SetPublished("judge-1", "uid-judge-1", False),
+                           Drain("judge-1", drain_id("uid-judge-1"), "soft"))
+
+
+def test_a_never_published_victim_is_deleted_without_a_drain() -> None:
+    spec = make_spec(1)
+    starting = PodView("judge-1", "uid-1", NOW - 5, phase="Running", ready=False)
+    status = scale_in([{"name": "judge-1", "uid": "uid-1", "needsDrain": False}], phase="Unpublishing")
+    plan = reconcile(observe(spec, [serving_pod("judge-0"), starting], status=status))
+    assert plan.actions == (DeletePod("judge-1", "uid-1"),)
+
+
+def test_a_victim_published_after_it_was_chosen_is_drained_rather_than_deleted() -> None:
+    spec = make_spec(1)
+    status = scale_in([{"name": "judge-1", "uid": "uid-judge-1", "needsDrain": False}], phase="Unpublishing")
+    pods = [serving_pod("judge-0"), serving_pod("judge-1")]
+    plan = reconcile(observe(spec, pods, status=status))
+    assert not names(plan, DeletePod)
+    assert Drain("judge-1", drain_id("uid-judge-1"), "soft") in plan.actions
+    assert plan.status.operation is not None and plan.status.operation.victims[0].needs_drain
+
+
+def test_a_victim_is_deleted_only_once_its_sidecar_reports_drained() -> None:
+    spec = make_spec(1)
+    victim = {"name": "judge-1", "uid": "uid-judge-1", "unpublishedAt": to_rfc3339(NOW - 20),
+              "fencedAt": to_rfc3339(NOW - 10)}
+    pods = [serving_pod("judge-0"), serving_pod("judge-1", published=False)]
+    for state, inflight in (("Fenced", 0), ("Fenced", 2), ("SoftDrain", 0)):
+        sidecars = {"judge-0": serving_sidecar(), "judge-1": serving_sidecar(state=state, inflight=inflight)}
+        plan = reconcile(observe(spec, pods, sidecars, scale_in([victim])))
+        assert not names(plan, DeletePod), state
+    sidecars = {"judge-0": serving_sidecar(), "judge-1": serving_sidecar(state="Drained")}
+    plan = reconcile(observe(spec, pods, sidecars, scale_in([victim])))
+    assert names(plan, DeletePod) == ["judge-1"]
+    assert plan.status.operation is not None and plan.status.operation.phase == "Removing"
+    assert plan.status.operation.victims[0].drained_at == to_rfc3339(NOW)
+
+
+@pytest.mark.parametrize("on_timeout", ["Fail", "Force"])
+def test_an_unreachable_sidecar_never_counts_as_drained(on_timeout: str) -> None:
+    spec = make_spec(1, drain={"onTimeout": on_timeout})
+    victim = {"name": "judge-1", "uid": "uid-judge-1", "unpublishedAt": to_rfc3339(NOW - 20),
+              "fencedAt": to_rfc3339(NOW - 10)}
+    pods = [serving_pod("judge-0"), serving_pod("judge-1", published=False)]
+    sidecars: dict[str, SidecarView | None] = {"judge-0": serving_sidecar(), "judge-1": None}
+    plan = reconcile(observe(spec, pods, sidecars, scale_in([victim])))
+    assert not names(plan, DeletePod)
+    assert Drain("judge-1", drain_id("uid-judge-1"), "fence") in plan.actions
+    replicas = classify(tuple(pods), sidecars, NOW, 60.0)
+    assert replicas[1].role is Role.STARTING, "unknown is not Drained"
+
+
+# ----- reversal -------------------------------------------------------------------------------
+
+
+def test_scaling_back_out_rescues_soft_drained_and_fenced_victims_before_creating_pods() -> None:
+    spec = make_spec(4)
+    pods = [serving_pod("judge-0"), serving_pod("judge-1", published=False),
+            serving_pod("judge-2", published=False), serving_pod("judge-3", published=False)]
+    sidecars = {"judge-0": serving_sidecar(), "judge-1": serving_sidecar(state="SoftDrain", inflight=1),
+                "judge-2": serving_sidecar(state="Fenced", inflight=2),
+                "judge-3": serving_sidecar(state="Fenced")}
+    victims = [{"name": n, "uid": f"uid-{n}", "unpublishedAt": to_rfc3339(NOW - 5)}
+               for n in ("judge-1", "judge-2", "judge-3")]
+    plan = reconcile(observe(spec, pods, sidecars, scale_in(victims, to=1, phase="Fencing")))
+    assert plan.status.history[-1].outcome == "Superseded"
+    assert sorted(names(plan, Undrain)) == ["judge-1", "judge-2", "judge-3"]
+    assert all(a.drain_id == drain_id(f"uid-{a.name}") for a in plan.actions if isinstance(a, Undrain))
+    assert not names(plan, CreatePod) and not names(plan, DeletePod)
+    assert {e.reason for e in plan.events} >= {"ReplicaRescued", "ScaleInSuperseded", "ScaleOutStarted"}
+
+
+def test_a_reversal_in_the_world_reuses_the_draining_replicas() -> None:
+    world = converged_world(4, drain={"propagationSeconds": 2, "quietSeconds": 1, "timeoutSeconds": 30})
+    world.step([Ev("arrive", i, 2) for i in range(4)])
+    world.scale(1)
+    world.step()
+    world.step()
+    world.step()
+    states = sorted(p.sidecar.state for p in world.pods.values())
+    assert states.count("Serving") == 1 and set(states) <= {"Serving", "SoftDrain", "Fenced"}
+    world.scale(4)
+    first = world.step()
+    assert len(names(first, Undrain)) == 3 and not names(first, CreatePod)
+    run_until(world, world.converged)
+    assert sorted(world.pods) == ["judge-0", "judge-1", "judge-2", "judge-3"], "no pod was created"
+
+
+def test_a_scale_in_after_a_scale_out_removes_the_new_unpublished_pods_first() -> None:
+    world = converged_world(2)
+    world.scale(4)
+    world.step()
+    world.scale(2)
+    run_until(world, world.converged)
+    assert sorted(world.pods) == ["judge-0", "judge-1"]
+    assert world.forced_deletes == 0
+
+
+# ----- victim order ---------------------------------------------------------------------------
+
+
+def test_victims_are_unpublished_or_not_ready_first_then_fewest_in_flight_then_newest() -> None:
+    pods = {
+        "old-busy": (serving_pod("old-busy", START), serving_sidecar(inflight=5)),
+        "old-idle": (serving_pod("old-idle", START + 1), serving_sidecar(inflight=1)),
+        "new-idle": (serving_pod("new-idle", START + 2), serving_sidecar(inflight=1)),
+        "unready": (serving_pod("unready", START, ready=False), serving_sidecar(inflight=3)),
+        "starting": (PodView("starting", "u-s", START + 3, phase="Running", ready=True), serving_sidecar()),
+        "loading": (PodView("loading", "u-l", START + 3), None),
+        "draining": (serving_pod("draining", START, published=False), serving_sidecar(state="SoftDrain",
+                                                                                          inflight=9)),
+    }
+    replicas = classify(tuple(p for p, _ in pods.values()), {n: s for n, (_, s) in pods.items()}, NOW, 1e9)
+    order = [r.pod.name for r in choose_victims(replicas, len(replicas))]
+    assert order == ["draining", "loading", "starting", "unready", "new-idle", "old-idle", "old-busy"]
+    assert [r.pod.name for r in choose_victims(replicas, 2)] == ["draining", "loading"]
+    assert choose_victims(replicas, -1) == []
+
+
+def test_the_scale_in_chooses_the_least_busy_newest_serving_replicas() -> None:
+    spec = make_spec(2)
+    pods = [serving_pod("judge-0", START), serving_pod("judge-1", START + 1), serving_pod("judge-2", START + 2),
+            serving_pod("judge-3", START + 3)]
+    sidecars = {"judge-0": serving_sidecar(inflight=1), "judge-1": serving_sidecar(inflight=0),
+                "judge-2": serving_sidecar(inflight=4), "judge-3": serving_sidecar(inflight=1)}
+    plan = reconcile(observe(spec, pods, sidecars))
+    assert plan.status.operation is not None
+    assert [v.name for v in plan.status.operation.victims] == ["judge-1", "judge-3"]
+
+
+# ----- drain timeout --------------------------------------------------------------------------
+
+
+def timed_out(on_timeout: str) -> Plan:
+    spec = make_spec(1, drain={"onTimeout": on_timeout})
+    victim = {"name": "judge-1", "uid": "uid-judge-1", "unpublishedAt": to_rfc3339(NOW - 60),
+              "fencedAt": to_rfc3339(NOW - 31)}
+    pods = [serving_pod("judge-0"), serving_pod("judge-1", published=False)]
+    sidecars = {"judge-0": serving_sidecar(), "judge-1": serving_sidecar(state="Fenced", inflight=2)}
+    return reconcile(observe(spec, pods, sidecars, scale_in([victim])))
+
+
+def test_a_drain_timeout_under_fail_fails_the_operation_and_keeps_the_victim_fenced() -> None:
+    plan = timed_out("Fail")
+    assert not names(plan, DeletePod) and not names(plan, Undrain)
+    assert not [a for a in plan.actions if isinstance(a, SetPublished) and a.published]
+    assert plan.status.operation is None
+    last = plan.status.history[-1]
+    assert (last.outcome, last.reason, last.forced_drains) == ("Failed", "DrainTimeout", 0)
+    assert "judge-1 not drained after 30s (2 in flight)" in last.message
+    degraded = find(plan.status.conditions, "Degraded")
+    assert degraded is not None and (degraded.status, degraded.reason) == ("True", "DrainTimeout")
+    warning = [e for e in plan.events if e.type == "Warning"]
+    assert [e.reason for e in warning] == ["ScaleInFailed"] and "DrainTimeout" in warning[0].message
+
+
+def test_a_drain_timeout_under_force_deletes_the_victim_and_records_it() -> None:
+    plan = timed_out("Force")
+    assert plan.actions[-1] == DeletePod("judge-1", "uid-judge-1")
+    op = plan.status.operation
+    assert op is not None and op.phase == "Removing"
+    assert op.victims[0].forced and op.victims[0].drained_at == to_rfc3339(NOW)
+    assert (plan.events[0].type, plan.events[0].reason) == ("Warning", "DrainForced")
+    gone = reconcile(observe(make_spec(1, drain={"onTimeout": "Force"}), [serving_pod("judge-0")],
+                             status=plan.status, now=NOW + 1))
+    assert gone.status.history[-1].forced_drains == 1
+    assert gone.status.history[-1].outcome == "Succeeded"
+
+
+def test_a_failed_drain_stays_degraded_in_the_world_until_the_requests_finish() -> None:
+    world = converged_world(2, drain={"propagationSeconds": 1, "quietSeconds": 1, "timeoutSeconds": 5})
+    world.step([Ev("arrive", 0, 1), Ev("arrive", 1, 1)])
+    world.scale(1)
+    run_until(world, lambda: any(h.outcome == "Failed" for h in world.status.history), max_steps=30)
+    assert len(world.pods) == 2 and world.forced_deletes == 0
+    degraded = find(world.status.conditions, "Degraded")
+    assert degraded is not None and degraded.status == "True"
+    for pod in world.pods.values():
+        pod.sidecar.inflight = 0
+    run_until(world, world.converged, max_steps=60)
+    assert find(world.status.conditions, "Degraded").status == "False"  # type: ignore[union-attr]
+
+
+# ----- failures -------------------------------------------------------------------------------
+
+
+def bad_pod(name: str, uid: str, now: float, reason: str) -> PodView:
+    if reason == "ReplicaCrashed":
+        return PodView(name, uid, now - 1, phase="Running", restarts=2)
+    if reason == "ReplicaFailed":
+        return PodView(name, uid, now - 1, phase="Failed")
+    return PodView(name, uid, now - 61, phase="Running")
+
+
+@pytest.mark.parametrize("reason", ["ReplicaCrashed", "ReplicaFailed", "StartupTimeout"])
+def test_failed_crashed_and_late_replicas_are_replaced_and_the_scale_out_ends_partial(reason: str) -> None:
+    spec = make_spec(2)
+    first = reconcile(observe(spec, [serving_pod("judge-0")], now=NOW - 1))
+    plan = reconcile(observe(spec, [serving_pod("judge-0"), bad_pod("judge-1", "uid-1", NOW, reason)],
+                             status=first.status))
+    assert DeletePod("judge-1", "uid-1") in plan.actions
+    assert names(plan, CreatePod) == ["judge-2"], "replaced at once"
+    last = plan.status.history[-1]
+    assert (last.outcome, last.reason) == ("Partial", reason)
+    assert any(e.reason == "ReplicaFailed" and e.type == "Warning" for e in plan.events)
+    degraded = find(plan.status.conditions, "Degraded")
+    assert degraded is not None and (degraded.status, degraded.reason) == ("True", "ReplicaFailed")
+
+    again = reconcile(observe(spec, [serving_pod("judge-0"), bad_pod("judge-2", "uid-2", NOW + 1, reason)],
+                              status=plan.status, now=NOW + 1))
+    assert names(again, DeletePod) == ["judge-2"]
+    assert not names(again, CreatePod), "the next replacement backs off"
+    later = reconcile(observe(spec, [serving_pod("judge-0")], status=again.status, now=NOW + 11))
+    assert names(later, CreatePod) == ["judge-3"]
+
+
+def test_a_crashed_serving_replica_is_replaced_in_the_world() -> None:
+    world = converged_world(2)
+    world.step([Ev("crash", 1)])
+    run_until(world, world.converged)
+    assert sorted(world.pods) == ["judge-0", "judge-2"]
+    assert "ReplicaFailed" in reasons(world.plans)
+
+
+def finished(outcome: str, at: float) -> HistoryEntry:
+    return HistoryEntry.model_validate({
+        "id": "op-1", "type": "ScaleOut", "from": 0, "to": 1, "outcome": outcome, "startedAt": to_rfc3339(at),
+        "finishedAt": to_rfc3339(at), "durationSeconds": 0,
+    })
+
+
+def test_create_backoff_doubles_per_consecutive_failure_ignores_superseded_and_resets_on_success() -> None:
+    assert create_backoff([], NOW) == 0.0
+    assert create_backoff([finished("Partial", NOW)], NOW) == 10.0
+    assert create_backoff([finished("Partial", NOW), finished("Failed", NOW)], NOW) == 20.0
+    three = [finished("Partial", NOW), finished("Superseded", NOW), finished("Failed", NOW),
+             finished("Partial", NOW)]
+    assert create_backoff(three, NOW + 5) == 35.0
+    assert create_backoff([finished("Partial", NOW)] * 12, NOW) == 300.0
+    assert create_backoff([*three, finished("Succeeded", NOW)], NOW) == 0.0
+
+
+def test_unschedulable_replicas_end_partial_and_the_pool_completes_when_gpus_appear() -> None:
+    world = World(spec=make_spec(3), gpus=1, keep_plans=True)
+    run_until(world, lambda: any(h.reason == "Unschedulable" for h in world.status.history), max_steps=20)
+    last = world.status.history[-1]
+    assert last.outcome == "Partial" and "Insufficient nvidia.com/gpu" in last.message
+    assert len(world.pods) == 3, "unschedulable pods are kept, not replaced"
+    world.gpus = 3
+    run_until(world, world.converged, max_steps=400)
+    assert world.status.history[-1].outcome == "Succeeded"
+    assert sorted(world.pods) == ["judge-0", "judge-1", "judge-2"]
+
+
+# ----- verification ---------------------------------------------------------------------------
+
+
+def test_the_first_replica_is_published_after_its_probes_without_a_reference() -> None:
+    world = World(spec=make_spec(1), keep_plans=True)
+    run_until(world, world.converged)
+    verifies = [a for p in world.plans for a in p.actions if isinstance(a, Verify)]
+    assert verifies and all(v.reference is None for v in verifies)
+    assert world.pods["judge-0"].verification == "passed"
+
+
+def test_a_new_replica_is_verified_against_the_oldest_serving_replica() -> None:
+    world = converged_world(2)
+    world.scale(3)
+    run_until(world, world.converged)
+    verifies = {a.reference for p in world.plans for a in p.actions if isinstance(a, Verify)}
+    assert verifies == {"judge-0"}
+
+
+def test_a_replica_answering_differently_is_never_published() -> None:
+    world = converged_world(1)
+    world.step([Ev("perturb"), Ev("scale", 2)])
+    run_until(world, lambda: world.status.operation is None and world.status.history[-1].id == "op-2")
+    last = world.status.history[-1]
+    assert (last.outcome, last.reason) == ("Partial", "ReplicaInconsistent")
+    assert not world.pods["judge-1"].published and world.pods["judge-1"].verification == "failed"
+    degraded = find(world.status.conditions, "Degraded")
+    assert degraded is not None and (degraded.status, degraded.reason) == ("True", "ReplicaInconsistent")
+    event = next(e for p in world.plans for e in p.events if e.reason == "ReplicaInconsistent")
+    assert event.type == "Warning" and "new='verdict: 3/10 (judge-1)'" in event.message
+    assert "reference='verdict: 7/10'" in event.message
+    for _ in range(20):
+        world.step()
+        assert not world.pods["judge-1"].published
+    world.admin_delete(world.pods["judge-1"])
+    run_until(world, world.converged)
+    assert find(world.status.conditions, "Degraded").status == "False"  # type: ignore[union-attr]
+
+
+def test_verification_disabled_publishes_warm_replicas_directly() -> None:
+    world = World(spec=make_spec(2, verification={"enabled": False}), keep_plans=True)
+    run_until(world, world.converged)
+    assert not [a for p in world.plans for a in p.actions if isinstance(a, Verify)]
+
+
+# ----- names ----------------------------------------------------------------------------------
+
+
+def test_pod_names_are_deterministic_and_next_ordinal_is_kept_in_status() -> None:
+    world = World(spec=make_spec(3), keep_plans=True)
+    first = world.step([Ev("lose")])
+    assert first.actions == (CreatePod("judge-0", 0), CreatePod("judge-1", 1), CreatePod("judge-2", 2))
+    assert world.status.next_ordinal == 3 and not world.pods, "the creates were lost"
+    retry = world.step()
+    assert retry.actions == first.actions, "a lost create is retried under the same name"
+    run_until(world, world.converged)
+    world.scale(2)
+    run_until(world, world.converged)
+    world.scale(3)
+    run_until(world, world.converged)
+    assert "judge-3" in world.pods and world.status.next_ordinal == 4
+    assert ordinal_of(POOL, "judge-12") == 12 and ordinal_of(POOL, "other-1") is None
+    assert ordinal_of(POOL, "judge-x") is None
+
+
+def test_next_ordinal_follows_pods_even_when_the_status_was_lost() -> None:
+    spec = make_spec(3)
+    plan = reconcile(observe(spec, [serving_pod("judge-4"), serving_pod("judge-7")]))
+    assert names(plan, CreatePod) == ["judge-8"]
+    assert plan.status.next_ordinal == 9
+
+
+# ----- conditions, history, wire --------------------------------------------------------------
+
+
+def test_conditions_have_camel_case_reasons_and_move_their_time_only_on_flips() -> None:
+    world = World(spec=make_spec(2), keep_plans=True)
+    statuses = [world.status]
+    for evs in ([], [], [], [Ev("scale", 0)], [], [], [], [], [], [Ev("scale", 1)], [], [], [], [], []):
+        world.step(evs, dt=3.0)
+        statuses.append(world.status)
+    flips = 0
+    for before, after in pairwise(statuses[1:]):
+        assert [c.type for c in after.conditions] == ["Available", "Progressing", "Degraded"]
+        for cond in after.conditions:
+            assert CAMEL.match(cond.reason), cond.reason
+            assert cond.observed_generation == world.generation or cond.observed_generation is not None
+            old = find(before.conditions, cond.type)
+            assert old is not None
+            if old.status == cond.status:
+                assert cond.last_transition_time == old.last_transition_time
+            else:
+                flips += 1
+                assert cond.last_transition_time > old.last_transition_time
+    assert flips >= 2
+    available = find(world.status.conditions, "Available")
+    assert available is not None and (available.status, available.reason) == ("True", "ReplicasServing")
+
+
+def test_scaled_to_zero_is_available_with_its_own_reason() -> None:
+    plan = reconcile(observe(make_spec(0), []))
+    available = find(plan.status.conditions, "Available")
+    progressing = find(plan.status.conditions, "Progressing")
+    assert available is not None and (available.status, available.reason) == ("True", "ScaledToZero")
+    assert progressing is not None and (progressing.status, progressing.reason) == ("False", "AtTarget")
+
+
+def test_history_keeps_only_the_last_operations_newest_last() -> None:
+    world = converged_world(1, verification={"enabled": False})
+    for i in range(HISTORY_LIMIT + 3):
+        world.scale(2 if i % 2 == 0 else 1)
+        run_until(world, world.converged)
+    history = world.status.history
+    assert len(history) == HISTORY_LIMIT
+    ids = [int(h.id.split("-")[1]) for h in history]
+    assert ids == sorted(ids) and ids[-1] == world.status.operation_count
+    assert all(h.duration_seconds >= 0 for h in history)
+
+
+def test_the_status_survives_its_wire_form() -> None:
+    world = converged_world(2)
+    world.scale(1)
+    world.step()
+    wire = world.status.to_wire()
+    assert wire["operation"]["from"] == 2 and "from_" not in wire["operation"]
+    assert wire["selector"] == "genrm.io/pool=judge"
+    assert GenRMPoolStatus.model_validate(wire) == world.status
+
+
+def test_replica_inflight_is_zero_when_the_sidecar_is_unknown() -> None:
+    assert Replica(pod=serving_pod("judge-0"), role=Role.SERVING, sidecar=None).inflight == 0
