@@ -1,0 +1,163 @@
+"""Tests of the pure child builders (replica Pod, Service, Secret, PodDisruptionBudget).
+
+Aspects under test:
+- the engine command line: one --random-seed for every replica, --enable-deterministic-inference
+  only when deterministic, bound to 127.0.0.1, --enable-metrics, model/served name/revision,
+  extra args appended, args and command overrides (the simulator stands in);
+- nvidia.com/gpu requests and limits merged into the user's resources;
+- readiness and liveness probes on the gateway sidecar, a draining preStop hook on it, and a
+  terminationGracePeriodSeconds that covers propagation plus the drain timeout;
+- the control token comes from the pool's Secret, never inline;
+- owner references (controller), labels (pool, ordinal, published=false), template settings;
+- the Service selects only published replicas of its pool; the Secret and the PDB.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from genrm_operator.api.pool import GenRMPoolSpec
+from genrm_operator.core import children
+from genrm_operator.core.names import ORDINAL_LABEL, POOL_LABEL, PUBLISHED_LABEL, secret_name
+
+POOL_UID = "7d1c0d3e-0000-4000-8000-000000000001"
+
+
+def make_spec(**wire: Any) -> GenRMPoolSpec:
+    return GenRMPoolSpec.model_validate({"replicas": 2, "model": {"path": "org/judge-7b"}, **wire})
+
+
+def pod(spec: GenRMPoolSpec, ordinal: int = 3) -> dict[str, Any]:
+    return children.pod_manifest("judge", POOL_UID, "ml", spec, f"judge-{ordinal}", ordinal)
+
+
+def container(manifest: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(c for c in manifest["spec"]["containers"] if c["name"] == name)
+
+
+def flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def test_the_engine_runs_sglang_on_loopback_with_the_pools_single_seed_and_metrics() -> None:
+    spec = make_spec(engine={"seed": 7, "tensorParallelSize": 2, "gpusPerReplica": 2})
+    engine = container(pod(spec), "engine")
+    assert engine["command"] == ["python3", "-m", "sglang.launch_server"]
+    args = engine["args"]
+    assert flag(args, "--model-path") == "org/judge-7b"
+    assert flag(args, "--host") == "127.0.0.1"
+    assert flag(args, "--port") == "30000"
+    assert flag(args, "--random-seed") == "7"
+    assert flag(args, "--tp-size") == "2"
+    assert "--enable-metrics" in args
+    assert "--enable-deterministic-inference" in args
+
+
+def test_every_replica_gets_the_same_engine_command_line() -> None:
+    spec = make_spec(engine={"seed": 99})
+    lines = {tuple(container(pod(spec, i), "engine")["args"]) for i in range(5)}
+    assert len(lines) == 1
+
+
+def test_deterministic_inference_is_only_requested_when_deterministic() -> None:
+    args = container(pod(make_spec(engine={"deterministic": False})), "engine")["args"]
+    assert "--enable-deterministic-inference" not in args
+
+
+def test_served_name_revision_and_extra_args_are_passed_to_the_engine() -> None:
+    spec = make_spec(model={"path": "org/judge-7b", "servedName": "judge", "revision": "v2"},
+                     engine={"extraArgs": ["--mem-fraction-static", "0.8"]})
+    args = container(pod(spec), "engine")["args"]
+    assert flag(args, "--served-model-name") == "judge" and flag(args, "--revision") == "v2"
+    assert args[-2:] == ["--mem-fraction-static", "0.8"]
+
+
+def test_the_command_and_args_can_be_overridden_so_the_simulator_stands_in() -> None:
+    spec = make_spec(engine={"command": ["genrm-sim"], "args": ["--port", "30000"], "extraArgs": ["--fast"]})
+    engine = container(pod(spec), "engine")
+    assert engine["command"] == ["genrm-sim"]
+    assert engine["args"] == ["--port", "30000", "--fast"]
+    seeded = container(pod(make_spec(engine={"command": ["genrm-sim"]})), "engine")
+    assert seeded["command"] == ["genrm-sim"] and "--random-seed" in seeded["args"]
+
+
+def test_gpus_are_requested_and_limited_on_top_of_the_users_resources() -> None:
+    spec = make_spec(engine={"gpusPerReplica": 2, "tensorParallelSize": 2,
+                             "resources": {"limits": {"memory": "64Gi"}, "requests": {"cpu": "8"}}})
+    resources = container(pod(spec), "engine")["resources"]
+    assert resources == {"limits": {"memory": "64Gi", "nvidia.com/gpu": "2"},
+                         "requests": {"cpu": "8", "nvidia.com/gpu": "2"}}
+    assert spec.engine.resources == {"limits": {"memory": "64Gi"}, "requests": {"cpu": "8"}}, "not mutated"
+    cpu_only = container(pod(make_spec(engine={"gpusPerReplica": 0})), "engine")["resources"]
+    assert "nvidia.com/gpu" not in str(cpu_only)
+
+
+def test_probes_and_the_draining_pre_stop_hook_are_on_the_gateway_sidecar() -> None:
+    spec = make_spec(gateway={"port": 8100}, drain={"propagationSeconds": 4, "timeoutSeconds": 120})
+    manifest = pod(spec)
+    gateway = container(manifest, "gateway")
+    assert gateway["ports"] == [{"name": "http", "containerPort": 8100, "protocol": "TCP"}]
+    assert gateway["readinessProbe"]["httpGet"] == {"path": "/healthz/ready", "port": "http"}
+    assert gateway["livenessProbe"]["httpGet"] == {"path": "/healthz/live", "port": "http"}
+    pre_stop = gateway["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[:3] == ["genrm-gateway", "drain", "--wait"]
+    assert flag(pre_stop, "--deadline-seconds") == "124"
+    assert flag(gateway["args"], "--engine-url") == "http://127.0.0.1:30000"
+    assert "readinessProbe" not in container(manifest, "engine")
+    engine_pre_stop = container(manifest, "engine")["lifecycle"]["preStop"]["exec"]["command"]
+    assert "127.0.0.1:8100/v1/state" in engine_pre_stop[-1] and "end=time.time()+124" in engine_pre_stop[-1]
+
+
+def test_the_termination_grace_period_covers_propagation_and_the_drain_timeout() -> None:
+    spec = make_spec(drain={"propagationSeconds": 5, "quietSeconds": 2, "timeoutSeconds": 600})
+    grace = pod(spec)["spec"]["terminationGracePeriodSeconds"]
+    assert grace == children.termination_grace_seconds(spec)
+    assert grace >= 5 + 600 + children.SHUTDOWN_SLACK_SECONDS
+
+
+def test_the_control_token_comes_from_the_pools_secret() -> None:
+    manifest = pod(make_spec())
+    for name in ("engine", "gateway"):
+        env = {e["name"]: e for e in container(manifest, name)["env"]}
+        assert env["GENRM_CONTROL_TOKEN"]["valueFrom"] == {
+            "secretKeyRef": {"name": secret_name("judge"), "key": "token"}}
+        assert "value" not in env["GENRM_CONTROL_TOKEN"]
+
+
+def test_pods_are_owned_by_the_pool_and_labelled_unpublished_with_their_ordinal() -> None:
+    spec = make_spec(template={"labels": {"team": "rl", POOL_LABEL: "spoofed"}, "annotations": {"a": "b"},
+                               "nodeSelector": {"gpu": "h100"}, "priorityClassName": "judges",
+                               "serviceAccountName": "judge", "tolerations": [{"key": "gpu"}]})
+    manifest = pod(spec, 5)
+    meta = manifest["metadata"]
+    assert (meta["name"], meta["namespace"]) == ("judge-5", "ml")
+    assert meta["ownerReferences"] == [{
+        "apiVersion": "genrm.io/v1alpha1", "kind": "GenRMPool", "name": "judge", "uid": POOL_UID,
+        "controller": True, "blockOwnerDeletion": True}]
+    labels = meta["labels"]
+    assert labels[POOL_LABEL] == "judge", "template labels cannot take the pod out of its pool"
+    assert labels[ORDINAL_LABEL] == "5" and labels[PUBLISHED_LABEL] == "false" and labels["team"] == "rl"
+    assert labels["app.kubernetes.io/managed-by"] == "genrm-operator"
+    assert meta["annotations"] == {"a": "b"}
+    pod_spec = manifest["spec"]
+    assert pod_spec["nodeSelector"] == {"gpu": "h100"} and pod_spec["priorityClassName"] == "judges"
+    assert pod_spec["serviceAccountName"] == "judge" and pod_spec["tolerations"] == [{"key": "gpu"}]
+    assert pod_spec["restartPolicy"] == "Always" and pod_spec["enableServiceLinks"] is False
+
+
+def test_the_service_selects_only_published_replicas_of_its_pool() -> None:
+    service = children.service_manifest("judge", POOL_UID, "ml", make_spec(service={"type": "NodePort",
+                                                                                       "port": 9000}))
+    assert service["spec"]["selector"] == {POOL_LABEL: "judge", PUBLISHED_LABEL: "true"}
+    assert service["spec"]["type"] == "NodePort"
+    assert service["spec"]["ports"] == [{"name": "http", "port": 9000, "targetPort": "http", "protocol": "TCP"}]
+    assert service["metadata"]["ownerReferences"][0]["uid"] == POOL_UID
+
+
+def test_the_secret_and_the_disruption_budget_are_owned_by_the_pool() -> None:
+    secret = children.secret_manifest("judge", POOL_UID, "ml", "s3cr3t")
+    assert secret["metadata"]["name"] == "judge-control" and secret["stringData"] == {"token": "s3cr3t"}
+    pdb = children.pdb_manifest("judge", POOL_UID, "ml", make_spec(disruptionBudget={"maxUnavailable": 2}))
+    assert pdb["spec"] == {"maxUnavailable": 2, "selector": {"matchLabels": {POOL_LABEL: "judge"}}}
+    for manifest in (secret, pdb):
+        assert manifest["metadata"]["ownerReferences"][0]["controller"] is True
