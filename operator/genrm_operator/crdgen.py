@@ -8,8 +8,8 @@ Why generate: the API server's validation, defaults and ``kubectl explain``
 text must be exactly what the operator parses. pydantic's JSON Schema is not a
 structural schema, so this module inlines ``$ref``s, turns optional unions into
 plain optional fields, marks free-form Kubernetes objects with
-``x-kubernetes-preserve-unknown-fields`` and adds defaults for nested objects so
-the API server applies nested defaults.
+``x-kubernetes-preserve-unknown-fields`` and materialises ``default_factory``
+defaults so the API server fills in whole nested objects.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
+from pydantic import BaseModel
 
 from .api.pool import GenRMPoolSpec, GenRMPoolStatus
 from .core.names import GROUP, KIND, PLURAL, VERSION
@@ -90,22 +91,50 @@ def _structural(node: Any, defs: Schema) -> Any:
            for k, v in node.items()}
     if "properties" in out:
         out["properties"] = {k: _structural(v, defs) for k, v in node["properties"].items()}
-        required = set(out.get("required", []))
-        for key, prop in out["properties"].items():
-            if key in required or "default" in prop or _nullable(node["properties"][key]):
-                continue
-            if prop.get("type") == "array":
-                prop["default"] = []
-            elif prop.get("type") == "object" and "properties" in prop and not prop.get("required"):
-                prop["default"] = {}
     return out
 
 
-def openapi_schema(model: type[Any], *, defaults: bool = True) -> Schema:
+def _wire(value: Any) -> Any:
+    """A default value as it appears on the wire (camelCase, no unset optionals)."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(by_alias=True, mode="json", exclude_none=True)
+    if isinstance(value, list | tuple):
+        return [_wire(v) for v in value]
+    return value
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """Model classes inside a field annotation (``X``, ``X | None``, ``list[X]``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+def _factory_defaults(schema: Schema, model: type[BaseModel]) -> None:
+    """Materialise ``default_factory`` defaults, which pydantic leaves out of its schema.
+
+    The API server validates a default against the schema and its CEL rules as
+    is, so a nested object's default must be the complete default object, not ``{}``.
+    """
+    properties = schema.get("properties", {})
+    for name, field in model.model_fields.items():
+        prop = properties.get(field.alias or name)
+        if prop is None:
+            continue
+        if field.default_factory is not None and "default" not in prop:
+            prop["default"] = _wire(field.default_factory())  # type: ignore[call-arg]
+        for nested in _models_in(field.annotation):
+            target = prop.get("items", prop)
+            if "properties" in target:
+                _factory_defaults(target, nested)
+
+
+def openapi_schema(model: type[BaseModel], *, defaults: bool = True) -> Schema:
     """Structural schema of one root model (spec or status)."""
     raw = model.model_json_schema(by_alias=True, mode="validation")
     defs = raw.pop("$defs", {})
     schema: Schema = _structural(raw, defs)
+    _factory_defaults(schema, model)
     if not defaults:
         _strip_defaults(schema)
     return schema
