@@ -29,17 +29,17 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the rest
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # Explicit handlers: a shell starts background jobs with SIGINT ignored, and then Python
+    # would never raise KeyboardInterrupt.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     started = time.monotonic()
     with LocalCluster(nodes=args.nodes, gpus_per_node=args.gpus_per_node, workdir=args.workdir,
                       keep_workdir=args.keep_workdir or None) as cluster:
         print(f"cluster up in {time.monotonic() - started:.1f}s", flush=True)
         print(f"export KUBECONFIG={cluster.kubeconfig}", flush=True)
         print(f"export PATH={cluster.bin_dir}:$PATH   # kubectl, helm", flush=True)
-        try:
-            stop.wait()
-        except KeyboardInterrupt:
-            pass
+        stop.wait()
         print("stopping...", flush=True)
     return 0
 
