@@ -9,7 +9,8 @@ Aspects under test:
 - victim order: unpublished or not ready first, then fewest in flight, then newest;
 - drain timeout under onTimeout Fail (operation Failed, victim kept, Degraded, Warning event)
   and Force (victim deleted, forced recorded); an unreachable sidecar never counts as drained;
-- failed, crashed and startup-timed-out replicas are replaced, the operation ends Partial
+- failed, crashed and startup-timed-out replicas are replaced (a crashed one that still holds
+  requests is fenced and deleted only when empty), the operation ends Partial
   with the reason, and replacements back off;
 - Unschedulable ends Partial(Unschedulable) and completes once capacity appears;
 - a verification mismatch is never published: Partial(ReplicaInconsistent), Degraded, event;
@@ -425,6 +426,24 @@ def test_a_crashed_serving_replica_is_replaced_in_the_world() -> None:
     run_until(world, world.converged)
     assert sorted(world.pods) == ["judge-0", "judge-2"]
     assert "ReplicaFailed" in reasons(world.plans)
+
+
+def test_a_crashed_replica_still_holding_requests_is_fenced_and_deleted_only_when_empty() -> None:
+    spec = make_spec(2)
+    pods = [serving_pod("judge-0"), serving_pod("judge-1", restarts=1)]
+    busy = observe(spec, pods, {"judge-0": serving_sidecar(), "judge-1": serving_sidecar(inflight=3)})
+    plan = reconcile(busy)
+    assert names(plan, SetPublished) == ["judge-1"] and names(plan, Drain) == ["judge-1"]
+    assert "judge-1" not in names(plan, DeletePod)
+
+    unpublished = [pods[0], serving_pod("judge-1", restarts=1, published=False)]
+    still_busy = observe(spec, unpublished, {"judge-0": serving_sidecar(),
+                                             "judge-1": serving_sidecar(state="Fenced", inflight=1)})
+    assert "judge-1" not in names(reconcile(still_busy), DeletePod)
+
+    empty = observe(spec, unpublished, {"judge-0": serving_sidecar(),
+                                        "judge-1": serving_sidecar(state="Fenced", inflight=0)})
+    assert names(reconcile(empty), DeletePod) == ["judge-1"]
 
 
 def finished(outcome: str, at: float) -> HistoryEntry:

@@ -330,8 +330,11 @@ class World:
         return plan
 
     def live_count(self) -> int:
-        """Pods neither terminating nor drained: the quantity the core's pod-count bound is about."""
-        return sum(1 for p in self.pods.values() if not p.deleting and p.sidecar.state != "Drained")
+        """Pods neither terminating, drained nor failed after serving: what the core's pod-count bound is about."""
+        def retiring(p: SimPod) -> bool:
+            return p.ever_published and (p.restarts > 0 or p.phase in ("Failed", "Succeeded"))
+        return sum(1 for p in self.pods.values()
+                   if not p.deleting and p.sidecar.state != "Drained" and not retiring(p))
 
     # ----- actions (the shell's contract) ------------------------------------------------------
 

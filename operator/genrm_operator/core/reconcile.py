@@ -13,8 +13,10 @@ operation undoes the least progressed work first (rescue draining replicas
 before creating pods; remove unpublished pods before serving ones).
 
 Pod-count bound (checked by the property tests): pods that are neither
-terminating nor drained never exceed ``max(spec.replicas, their previous
-count)``: creates only ever fill a shortfall below ``spec.replicas``.
+terminating, drained nor failed-and-being-fenced never exceed
+``max(spec.replicas, their previous count)``: creates only ever fill a
+shortfall below ``spec.replicas``, and a failed replica that once served is
+fenced before deletion, so its replacement may briefly run beside it.
 """
 
 from __future__ import annotations
@@ -191,12 +193,28 @@ class _Step:
             if pod.name in victims:
                 continue
             if r.role is Role.FAILED:
-                if pod.published:
-                    self.act(SetPublished(pod.name, pod.uid, False))
-                self.act(DeletePod(pod.name, pod.uid))
-                self.emit("ReplicaFailed", f"Replacing {pod.name}: {r.failure}", warning=True)
+                self.retire_failed(r)
             elif r.role is Role.DRAINED:
                 self.act(DeletePod(pod.name, pod.uid))
+
+    def retire_failed(self, r: Replica) -> None:
+        """Replace a failed replica without cutting off requests it still holds.
+
+        A crashed engine may have restarted and admitted new work before we
+        noticed, so a once-published replica whose sidecar still answers is
+        unpublished and fenced first and deleted once nothing is in flight. A
+        replica that never served, or whose sidecar is unreachable, cannot be
+        serving anyone and is deleted directly.
+        """
+        pod, sidecar = r.pod, r.sidecar
+        self.emit("ReplicaFailed", f"Replacing {pod.name}: {r.failure}", warning=True)
+        if pod.published:
+            self.act(SetPublished(pod.name, pod.uid, False))
+        idle = sidecar is None or (sidecar.inflight == 0 and sidecar.state in ("Fenced", "Drained"))
+        if not pod.ever_published or idle:
+            self.act(DeletePod(pod.name, pod.uid))
+        elif sidecar.state in ("Serving", "SoftDrain"):
+            self.act(Drain(pod.name, drain_id(pod.uid), "fence"))
 
     def supersede_if_target_changed(self) -> None:
         op = self.op

@@ -169,11 +169,12 @@ class PoolReconciler:
                                                  "quietSeconds": spec.drain.quiet_seconds})
                 case Undrain(name=name, drain_id=drain_id) if name in endpoints:
                     await self.sidecars.control(endpoints[name], "/v1/undrain", {"drainId": drain_id})
-                case Verify(name=name, uid=uid, reference=reference) if name in endpoints:
+                case Verify(name=name, uid=uid, reference=reference) if name in endpoints and (
+                        reference is None or reference in endpoints):
                     await self.verify(spec, name, uid, endpoints[name],
                                       endpoints.get(reference) if reference else None)
                 case _:
-                    log.debug("skipped %s: no endpoint yet", action)
+                    log.debug("skipped %s: no endpoint yet (retried next step)", action)
         except Exception:
             log.exception("action %s on %s/%s failed", action, ns, self.name)
 
