@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt 2>/dev/nu
 CLUSTER ?= local
 VERSION := $(shell sed -n "s/^version = \"\(.*\)\"/\1/p" pyproject.toml)
 
-.PHONY: venv test unit lint e2e dev crds bench-gateway bench-autoscaler images control-plane clean
+.PHONY: venv tools test unit lint e2e dev crds bench-gateway bench-autoscaler images control-plane clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,10 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+## tools: promtool and prometheus (Debian's prometheus package) for the observability tests
+tools:
+	@command -v promtool >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus)
+
 ## test: every check and test (lint, types, layering, unit, gateway, cluster e2e)
 test: venv lint unit e2e
 
@@ -25,10 +29,10 @@ lint: venv
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-unit: venv
+unit: venv tools
 	$(PY) -m pytest -q tests
 
-e2e: venv control-plane
+e2e: venv tools control-plane
 	GENRM_BIN_DIR="$$(hack/control-plane.sh)" $(PY) -m pytest -q e2e
 
 control-plane:
