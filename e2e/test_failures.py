@@ -60,7 +60,12 @@ def test_too_few_gpus_is_partial_unschedulable_then_completes_when_capacity_appe
             "name": "hog", "image": "busybox", "command": ["sleep", "3600"],
             "resources": {"limits": {"nvidia.com/gpu": "8"}}}]},
     }
+    def others_gone() -> bool:
+        pods = json.loads(cluster.kubectl("get", "pods", "-A", "-o", "json"))["items"]
+        return not [p for p in pods if p["metadata"]["namespace"] != namespace]
+    wait_for("earlier tests' pods to release their GPUs", others_gone, timeout=120)
     cluster.kubectl("apply", "-f", "-", input=json.dumps(hog))
+    cluster.kubectl("wait", "pod/gpu-hog", "-n", namespace, "--for=condition=Ready", "--timeout=60s")
     # 16 GPUs in the cluster, 8 taken by the hog: 3 replicas x 4 GPUs cannot all fit.
     big = {"gpusPerReplica": 4}
     cluster.kubectl("apply", "-f", "-", input=pool_manifest("big", namespace, replicas=3, engine=big))
