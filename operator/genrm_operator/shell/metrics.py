@@ -30,8 +30,21 @@ FORCED_DRAINS = Counter("genrm_pool_forced_drains_total", "Victims deleted after
 VERIFICATION_FAILURES = Counter("genrm_pool_verification_failures_total",
                                 "New replicas whose probe answers differed from a serving replica.",
                                 ["namespace", "pool"])
+AUTOSCALER_DESIRED = Gauge("genrm_autoscaler_desired_replicas", "Replicas the autoscaler's last decision asked for.",
+                           ["namespace", "pool"])
+AUTOSCALER_CURRENT = Gauge("genrm_autoscaler_current_replicas", "spec.replicas when the autoscaler last decided.",
+                           ["namespace", "pool"])
+AUTOSCALER_METRIC_VALUE = Gauge("genrm_autoscaler_metric_value",
+                                "Observed value of each autoscaling metric (per replica, or the query's value).",
+                                ["namespace", "pool", "metric"])
+AUTOSCALER_METRIC_TARGET = Gauge("genrm_autoscaler_metric_target", "Target of each autoscaling metric.",
+                                 ["namespace", "pool", "metric"])
+AUTOSCALER_DECISIONS = Counter("genrm_autoscaler_decisions_total",
+                               "Autoscaler decisions by outcome (ScaleUp, ScaleDown, NoChange).",
+                               ["namespace", "pool", "outcome"])
 PER_POOL = (RECONCILE_TOTAL, RECONCILE_ERRORS, RECONCILE_SECONDS, REPLICAS, OPERATIONS, OPERATION_SECONDS,
-            FORCED_DRAINS, VERIFICATION_FAILURES)
+            FORCED_DRAINS, VERIFICATION_FAILURES, AUTOSCALER_DESIRED, AUTOSCALER_CURRENT, AUTOSCALER_METRIC_VALUE,
+            AUTOSCALER_METRIC_TARGET, AUTOSCALER_DECISIONS)
 
 
 def observe_status(namespace: str, pool: str, spec: GenRMPoolSpec, status: GenRMPoolStatus) -> None:

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from ..api.pool import GenRMPoolSpec, GenRMPoolStatus
@@ -39,6 +40,7 @@ from ..core.names import (
 )
 from ..core.reconcile import reconcile
 from . import metrics
+from .autoscaler import PoolAutoscaler
 from .kube import Conflict, Kube, Manifest
 from .observe import pod_ip, pod_view
 from .sidecar import Endpoint, SidecarClient, compare
@@ -65,6 +67,7 @@ class PoolReconciler:
         self.wake = asyncio.Event()
         self._recent_events: dict[tuple[str, str], float] = {}
         self._token: str | None = None
+        self.autoscaler = PoolAutoscaler(kube, namespace, name)
 
     async def run(self, stopped: Callable[[], bool]) -> None:
         """Step until stopped; woken early by pool and pod events."""
@@ -74,12 +77,13 @@ class PoolReconciler:
                 busy = await self.guarded_step()
                 self.wake.clear()
                 try:
-                    await asyncio.wait_for(self.wake.wait(),
-                                           ACTIVE_RESYNC_SECONDS if busy else IDLE_RESYNC_SECONDS)
+                    resync = ACTIVE_RESYNC_SECONDS if busy else IDLE_RESYNC_SECONDS
+                    await asyncio.wait_for(self.wake.wait(), min(resync, self.autoscaler.seconds_until_due()))
                 except TimeoutError:
                     pass
         finally:
             metrics.ACTIVE_POOLS.dec()
+            await self.autoscaler.close()
 
     async def guarded_step(self) -> bool:
         """One step with metrics; errors are logged and retried at the next resync."""
@@ -120,12 +124,15 @@ class PoolReconciler:
             now=time.time(),
         )
         plan = reconcile(observed)
+        scaling = await self.autoscaler.turn(observed, endpoints)
+        plan = replace(plan, status=scaling.applied_to(plan.status))
         if plan.status != status:
             await self.kube.replace_status(pool, status_wire(plan.status))
+        self.autoscaler.committed(scaling)
         metrics.observe_finished(self.namespace, self.name,
                                  [h for h in plan.status.history if h not in status.history])
         metrics.observe_status(self.namespace, self.name, spec, plan.status)
-        for event in plan.events:
+        for event in (*plan.events, *await self.autoscaler.actuate(scaling)):
             await self.emit(pool, event)
         await asyncio.gather(*(self.carry_out(a, meta["uid"], spec, endpoints) for a in plan.actions))
         return plan.status.operation is not None or bool(plan.actions)

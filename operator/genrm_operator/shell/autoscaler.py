@@ -1,0 +1,274 @@
+"""The autoscaler's shell: observe a pool's metrics, call the pure control law, persist, actuate.
+
+:class:`PoolAutoscaler` lives inside a pool's :class:`~.reconciler.PoolReconciler`
+(the pool's single writer) and takes a turn in every reconcile step. Once per
+``intervalSeconds`` the turn scrapes the serving replicas (:mod:`.scrape`),
+builds an :class:`~genrm_operator.autoscaling.Observation` and calls
+:func:`~genrm_operator.autoscaling.decide`. Its ``status.autoscaler`` and
+conditions go into the same optimistic-concurrency status PUT as the core's
+status, so the recommendation history survives an operator restart and a
+decision is never acted on unless the state it was made from was still current.
+Only after that PUT does :meth:`PoolAutoscaler.actuate` write ``spec.replicas``
+through the scale subresource (as HPA does, so ``kubectl scale``, an HPA or KEDA
+remain interoperable), post a ``SuccessfulRescale`` Event and update the
+``genrm_autoscaler_*`` metrics.
+
+Precedence with other writers of ``spec.replicas`` (the autoscaler never fights)
+-------------------------------------------------------------------------------
+In mode Auto the autoscaler expects ``spec.replicas`` to equal the last count it
+decided (``status.autoscaler.desiredReplicas``). Any other value was written by
+someone else (``kubectl scale``, an HPA, KEDA, a GitOps sync), unless it is the
+count the autoscaler's own last applied change started from: then that write was
+lost (crash or error between the status PUT and the scale write) and the next
+decision simply repeats it. On an external write:
+
+* the last writer wins: the external value becomes the autoscaler's current count;
+* it enters the recommendation history as if the autoscaler had recommended it,
+  so the stabilization windows protect it: an external scale-up is kept for the
+  scale-down window (600 s by default) and an external scale-down for the
+  scale-up window, unless the load needs more (or less) than that; the bounds
+  (min/maxReplicas) still apply at once;
+* condition ``AutoscalerOverridden`` turns True (reason ``ExternalWrite``), with a
+  Warning Event, and stays True until the autoscaler next changes the count
+  itself.
+
+Two controllers that keep writing (say an HPA left on the same pool) therefore
+show up as a standing ``AutoscalerOverridden=True`` and Events, and the
+autoscaler only moves the pool when its own windows say so, instead of the
+two of them flipping it every interval (KEDA #5288, kubeai #67).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import httpx
+
+from ..api.autoscaling import PER_REPLICA_METRICS, AutoscalerStatus, AutoscalingSpec
+from ..api.pool import GenRMPoolStatus
+from ..api.status import Condition
+from ..autoscaling import Decision, Observation, ReplicaSample, ReplicaState, decide
+from ..autoscaling.stabilize import remember
+from ..core.classify import Replica, Role, classify
+from ..core.conditions import Status, find, set_condition
+from ..core.model import Event, Observed
+from . import metrics
+from .kube import Kube
+from .scrape import DirectSource, PrometheusSource
+from .sidecar import Endpoint
+
+log = logging.getLogger(__name__)
+OVERRIDDEN = "AutoscalerOverridden"
+CONDITION_TYPES = frozenset({"ScalingActive", "AbleToScale", "ScalingLimited", OVERRIDDEN})
+"""Conditions the autoscaler owns; the core recomputes only Available, Progressing and Degraded."""
+_STATE = {Role.SERVING: ReplicaState.SERVING, Role.STARTING: ReplicaState.STARTING}
+
+
+@dataclass(frozen=True)
+class Turn:
+    """The autoscaler's part of one reconcile step: what goes into the status PUT, what to do after it."""
+
+    conditions: tuple[Condition, ...]
+    autoscaler: AutoscalerStatus | None = None
+    """The new ``status.autoscaler``; None keeps the one the core copied through."""
+    decision: Decision | None = None
+    external: int | None = None
+    """The ``spec.replicas`` another writer set, when this turn noticed one."""
+
+    def applied_to(self, status: GenRMPoolStatus) -> GenRMPoolStatus:
+        """``status`` (the core's) with the autoscaler's conditions and memory."""
+        kept = [c for c in status.conditions if c.type not in CONDITION_TYPES]
+        update: dict[str, object] = {"conditions": kept + list(self.conditions)}
+        if self.autoscaler is not None:
+            update["autoscaler"] = self.autoscaler
+        return status.model_copy(update=update)
+
+
+def external_write(spec: AutoscalingSpec, replicas: int, status: AutoscalerStatus | None) -> bool:
+    """True when ``replicas`` (spec.replicas) was written by someone else (see the module docstring)."""
+    if spec.mode != "Auto" or status is None or status.desired_replicas in (None, replicas):
+        return False
+    last = status.decisions[-1] if status.decisions else None
+    lost_own_write = (last is not None and last.applied and last.desired_replicas == status.desired_replicas
+                      and last.current_replicas == replicas)
+    return not lost_own_write
+
+
+def adopt(spec: AutoscalingSpec, status: AutoscalerStatus, replicas: int, now: datetime) -> AutoscalerStatus:
+    """``status`` with an external count recorded as a recommendation, so the windows protect it."""
+    behavior = spec.behavior
+    longest = timedelta(seconds=max(behavior.scale_up.stabilization_window_seconds,
+                                    behavior.scale_down.stabilization_window_seconds))
+    return status.model_copy(update={
+        "recommendations": remember(status.recommendations, replicas, now, longest),
+        "desired_replicas": replicas,
+    })
+
+
+def replicas_of(observed: Observed) -> list[Replica]:
+    """The core's roles of the pool's pods (the same classification the reconcile step uses)."""
+    return classify(observed.pods, observed.sidecars, observed.now,
+                    float(observed.spec.engine.startup_timeout_seconds))
+
+
+def observation(observed: Observed, replicas: list[Replica], values: dict[str, dict[str, float]],
+                pool_values: dict[str, float]) -> Observation:
+    """The control law's view of the pool: serving and starting replicas (draining ones are not capacity)."""
+    samples = [
+        ReplicaSample(r.pod.name, _STATE[r.role], values.get(r.pod.name, {}) if r.role is Role.SERVING else {})
+        for r in replicas if r.role in _STATE
+    ]
+    return Observation(
+        now=datetime.fromtimestamp(observed.now, UTC),
+        current_replicas=observed.spec.replicas,
+        replicas=samples,
+        unschedulable=sum(1 for r in replicas if r.role is Role.STARTING and r.pod.unschedulable),
+        pool_values=pool_values,
+    )
+
+
+def conditions(decision: Decision, overridden: bool, previous: list[Condition], now: float,
+               generation: int) -> tuple[Condition, ...]:
+    """HPA's three conditions from the decision, plus ``AutoscalerOverridden`` in mode Auto."""
+    def status(flag: bool) -> Status:
+        return "True" if flag else "False"
+    out = [set_condition(previous, c.type, status(c.status), c.reason, c.message, now, generation)
+           for c in decision.conditions]
+    if overridden:
+        out.append(set_condition(previous, OVERRIDDEN, "True", "ExternalWrite",
+                                 "spec.replicas was set by another writer; the autoscaler adopted it as its "
+                                 "current count and changes it only when its own decision differs",
+                                 now, generation))
+    else:
+        out.append(set_condition(previous, OVERRIDDEN, "False", "AutoscalerInCharge",
+                                 "spec.replicas is what the autoscaler last decided", now, generation))
+    return tuple(out)
+
+
+class PoolAutoscaler:
+    """One pool's autoscaler: decides once per interval, writes through the scale subresource."""
+
+    def __init__(self, kube: Kube, namespace: str, name: str) -> None:
+        self.kube, self.namespace, self.name = kube, namespace, name
+        self._http: httpx.AsyncClient | None = None
+        self._direct: DirectSource | None = None
+        self._last_decision = -math.inf
+        self._interval: float | None = None
+
+    async def close(self) -> None:
+        """Close the scrape client, if one was opened."""
+        if self._http is not None:
+            await self._http.aclose()
+
+    def seconds_until_due(self) -> float:
+        """How long the reconciler may sleep before the next decision is due (inf when off)."""
+        if self._interval is None:
+            return math.inf
+        return max(0.0, self._last_decision + self._interval - time.monotonic())
+
+    async def turn(self, observed: Observed, endpoints: Mapping[str, Endpoint]) -> Turn:
+        """Decide if the interval is up; between decisions keep the last conditions."""
+        spec, previous = observed.spec.autoscaling, observed.status
+        if spec.mode == "Off":
+            self._interval = None
+            return Turn(conditions=())
+        self._interval = float(spec.interval_seconds)
+        if self.seconds_until_due() > 0:
+            return Turn(conditions=tuple(c for c in previous.conditions if c.type in CONDITION_TYPES))
+        replicas = replicas_of(observed)
+        serving = sorted(r.pod.name for r in replicas if r.role is Role.SERVING)
+        values, pool_values = await self._sample(spec, serving, endpoints)
+        seen = observation(observed, replicas, values, pool_values)
+        memory = previous.autoscaler or AutoscalerStatus()
+        external = external_write(spec, seen.current_replicas, previous.autoscaler)
+        if external:
+            memory = adopt(spec, memory, seen.current_replicas, seen.now)
+        decision = decide(spec, seen, memory)
+        was_overridden = (c := find(previous.conditions, OVERRIDDEN)) is not None and c.status == "True"
+        overridden = spec.mode == "Auto" and (external or (was_overridden and not decision.apply))
+        conds = conditions(decision, overridden, previous.conditions, observed.now, observed.generation)
+        if spec.mode != "Auto":
+            conds = tuple(c for c in conds if c.type != OVERRIDDEN)
+        return Turn(conds, decision.status, decision, seen.current_replicas if external else None)
+
+    async def _sample(self, scaling: AutoscalingSpec, serving: list[str], endpoints: Mapping[str, Endpoint],
+                      ) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+        """Per-replica values of the serving replicas and the pool-level query values."""
+        interval = float(scaling.interval_seconds)
+        if self._http is None:
+            self._http = httpx.AsyncClient()
+            self._direct = DirectSource(self._http)
+        assert self._direct is not None
+        per_replica = [m for m in scaling.metrics if m.type in PER_REPLICA_METRICS]
+        prometheus = PrometheusSource(self._http, scaling.prometheus_url) if scaling.prometheus_url else None
+        values: dict[str, dict[str, float]] = {}
+        if per_replica and scaling.source == "Prometheus" and prometheus is not None:
+            values = await prometheus.sample(per_replica, self.namespace, serving, interval)
+        elif per_replica:
+            targets = {n: f"{endpoints[n].base}/metrics" for n in serving if n in endpoints}
+            values = await self._direct.sample(per_replica, targets, time.monotonic(), interval)
+        pool_values: dict[str, float] = {}
+        for metric in scaling.metrics:
+            if metric.type == "Prometheus" and prometheus is not None and metric.query:
+                if (value := await prometheus.value(metric.query)) is not None:
+                    pool_values[metric.key] = value
+        return values, pool_values
+
+    def committed(self, turn: Turn) -> None:
+        """The turn's status was written: the interval restarts and the gauges follow the decision."""
+        decision = turn.decision
+        if decision is None:
+            return
+        self._last_decision = time.monotonic()
+        ns, pool = self.namespace, self.name
+        metrics.AUTOSCALER_DESIRED.labels(ns, pool).set(decision.desired_replicas)
+        metrics.AUTOSCALER_CURRENT.labels(ns, pool).set(decision.current_replicas)
+        for outcome in decision.metrics:
+            metrics.AUTOSCALER_METRIC_TARGET.labels(ns, pool, outcome.key).set(outcome.target)
+            if outcome.value is not None:
+                metrics.AUTOSCALER_METRIC_VALUE.labels(ns, pool, outcome.key).set(outcome.value)
+            elif (ns, pool, outcome.key) in metrics.AUTOSCALER_METRIC_VALUE._metrics:
+                metrics.AUTOSCALER_METRIC_VALUE.remove(ns, pool, outcome.key)  # unknown, not a stale number
+        change = decision.desired_replicas - decision.current_replicas
+        result = "ScaleUp" if change > 0 else "ScaleDown" if change < 0 else "NoChange"
+        metrics.AUTOSCALER_DECISIONS.labels(ns, pool, result).inc()
+
+    async def actuate(self, turn: Turn) -> list[Event]:
+        """Write the decided count through the scale subresource; the Events to post about the turn.
+
+        A failed write is only logged: the status already says what was decided, and the
+        next decision recognises the lost write (see the module docstring) and repeats it.
+        """
+        events: list[Event] = []
+        if turn.external is not None:
+            events.append(Event("Warning", OVERRIDDEN,
+                                f"spec.replicas set to {turn.external} by another writer; adopted as the "
+                                "autoscaler's current count"))
+        decision = turn.decision
+        if decision is None or not decision.apply:
+            return events
+        try:
+            await self.kube.scale(self.namespace, self.name, decision.desired_replicas)
+        except Exception as exc:
+            log.exception("autoscaler write of %s/%s failed", self.namespace, self.name)
+            events.append(Event("Warning", "FailedRescale", f"New size: {decision.desired_replicas}; error: {exc}"))
+            return events
+        events.append(Event("Normal", "SuccessfulRescale",
+                            f"New size: {decision.desired_replicas}; reason: {_reason(decision)}"))
+        return events
+
+
+def _reason(decision: Decision) -> str:
+    """HPA-style Event reason text: which metric drove the count, and what limited it."""
+    driver = max(decision.metrics, key=lambda o: o.replicas or 0, default=None)
+    text = f"decision {decision.record.id}" if decision.record else "repeating the last decision"
+    if driver is not None and driver.value is not None:
+        text += f", {driver.key} {driver.value:.3g} per replica against target {driver.target:.3g}"
+    if decision.limited_by:
+        text += f", limited by {decision.limited_by}"
+    return text
