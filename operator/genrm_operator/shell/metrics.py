@@ -47,6 +47,14 @@ PER_POOL = (RECONCILE_TOTAL, RECONCILE_ERRORS, RECONCILE_SECONDS, REPLICAS, OPER
             AUTOSCALER_METRIC_TARGET, AUTOSCALER_DECISIONS)
 
 
+def start_pool(namespace: str, pool: str) -> None:
+    """Create a pool's failure counters at zero, as controller-runtime does for its error counter:
+    a dashboard must read "0 errors" for a healthy pool, not "no data" (indistinguishable from a
+    broken scrape)."""
+    for counter in (RECONCILE_ERRORS, FORCED_DRAINS, VERIFICATION_FAILURES):
+        counter.labels(namespace, pool)
+
+
 def observe_status(namespace: str, pool: str, spec: GenRMPoolSpec, status: GenRMPoolStatus) -> None:
     """Refresh the replica gauges from the status just written."""
     for state, value in (("desired", spec.replicas), ("current", status.replicas),

@@ -71,6 +71,7 @@ class PoolReconciler:
 
     async def run(self, stopped: Callable[[], bool]) -> None:
         """Step until stopped; woken early by pool and pod events."""
+        metrics.start_pool(self.namespace, self.name)
         metrics.ACTIVE_POOLS.inc()
         try:
             while not stopped():
