@@ -128,6 +128,8 @@ def without(role: dict[str, Any], group: str, resource: str, verb: str) -> dict[
         if group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]:
             assert rule["apiGroups"] == [group] and rule["resources"] == [resource], rule
             rule = {**rule, "verbs": [v for v in rule["verbs"] if v != verb]}
+            if not rule["verbs"]:
+                continue  # RBAC rejects an empty verb list: drop the rule instead
         rules.append(rule)
     assert rules != role["rules"], f"{group}/{resource} {verb} is not granted"
     return {**role, "rules": rules}
@@ -135,7 +137,7 @@ def without(role: dict[str, Any], group: str, resource: str, verb: str) -> dict[
 
 @pytest.mark.parametrize("group, resource, verb", [
     ("", "pods", "create"),
-    ("genrm.io", "genrmpools/status", "patch"),
+    ("genrm.io", "genrmpools/status", "update"),
 ])
 def test_a_removed_permission_breaks_the_reconcile(cluster: Cluster, chart_operator: OperatorProcess,
                                                     namespace: str, release: str, group: str, resource: str,

@@ -27,15 +27,14 @@ MONITORING = CHART / "ci" / "monitoring-values.yaml"
 
 # Every API call the operator makes (shell/kube.py, kopf's watches, finalizer and event posting).
 OPERATOR_RULES: dict[tuple[str, str], set[str]] = {
-    (GROUP, PLURAL): {"get", "list", "watch", "patch", "update"},
-    (GROUP, f"{PLURAL}/status"): {"get", "update", "patch"},
-    (GROUP, f"{PLURAL}/scale"): {"get", "update", "patch"},
-    ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
-    ("", "services"): {"get", "create"},
+    (GROUP, PLURAL): {"get", "list", "watch", "patch"},
+    (GROUP, f"{PLURAL}/status"): {"update"},
+    (GROUP, f"{PLURAL}/scale"): {"patch"},
+    ("", "pods"): {"list", "watch", "create", "delete", "patch"},
+    ("", "services"): {"create"},
     ("", "secrets"): {"get", "create"},
-    ("policy", "poddisruptionbudgets"): {"get", "create"},
-    ("", "events"): {"create", "patch"},
-    ("events.k8s.io", "events"): {"create", "patch"},
+    ("policy", "poddisruptionbudgets"): {"create"},
+    ("", "events"): {"create"},
 }
 
 
