@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -91,12 +90,13 @@ def histogram_quantile(q: float, buckets: Buckets) -> float | None:
 
 
 def delta(now: Buckets, before: Buckets) -> Buckets | None:
-    """Requests observed between two scrapes; None when the counters went backwards (a restart)."""
+    """Requests observed between two scrapes; None when the counters went backwards (a restart).
+
+    A bound absent before counts as 0: a route's histogram appears with its first request.
+    """
     previous = dict(before)
     out = tuple((bound, count - previous.get(bound, 0.0)) for bound, count in now)
-    if len(previous) != len(now) or any(count < 0 for _, count in out):
-        return None
-    return out
+    return None if any(count < 0 for _, count in out) else out
 
 
 def replica_values(metrics: Sequence[MetricSpec], scrape: Scrape, previous: Scrape | None) -> dict[str, float]:
@@ -210,7 +210,10 @@ class PrometheusSource:
         out: dict[str, dict[str, float]] = {pod: {} for pod in pods}
         if not pods:
             return out
-        selector = f'namespace="{namespace}",pod=~"{"|".join(re.escape(p) for p in pods)}"'
+        # Pod names are DNS-1123 names: "." is their only regex metacharacter, escaped once for the
+        # regex and once for the PromQL string (re.escape would also escape "-", which PromQL rejects).
+        names = "|".join(p.replace(".", "\\\\.") for p in pods)
+        selector = f'namespace="{namespace}",pod=~"{names}"'
         results = await asyncio.gather(*(self.query(per_pod_query(m, selector, interval)) for m in metrics))
         for metric, result in zip(metrics, results, strict=True):
             for labels, value in result or ():
