@@ -153,16 +153,18 @@ def conditions(decision: Decision, overridden: bool, previous: list[Condition], 
 class PoolAutoscaler:
     """One pool's autoscaler: decides once per interval, writes through the scale subresource."""
 
-    def __init__(self, kube: Kube, namespace: str, name: str) -> None:
+    def __init__(self, kube: Kube, namespace: str, name: str, http: httpx.AsyncClient | None = None) -> None:
+        """``http``: the client to scrape and query with; one is opened on first use (and closed) when None."""
         self.kube, self.namespace, self.name = kube, namespace, name
-        self._http: httpx.AsyncClient | None = None
-        self._direct: DirectSource | None = None
+        self._own_http = http is None
+        self._http = http
+        self._direct = DirectSource(http) if http is not None else None
         self._last_decision = -math.inf
         self._interval: float | None = None
 
     async def close(self) -> None:
         """Close the scrape client, if one was opened."""
-        if self._http is not None:
+        if self._own_http and self._http is not None:
             await self._http.aclose()
 
     def seconds_until_due(self) -> float:
