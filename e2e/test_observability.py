@@ -2,14 +2,14 @@
 
 Aspects: the operator's and a judge pod's live scrapes pass ``promtool check metrics``; after a
 pool is driven through the conditions the dashboards chart (scale-out under load, a forced drain
-with requests refused by the fenced victim, a replica failing verification, the autoscaler in
-Advisory mode), every metric name a dashboard uses is stored by Prometheus and every panel's
-query, with Grafana's variables filled in, returns a sample a graph can draw.
+with requests refused by the fenced victim, the autoscaler in Advisory mode), every metric name a
+dashboard uses is stored by Prometheus and every panel's query, with Grafana's variables filled
+in, returns a sample a graph can draw. Failure counters that nothing incremented (reconcile
+errors, verification failures) still answer, with 0: the operator creates them per pool.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import socket
 import time
@@ -121,17 +121,6 @@ def force_a_drain(cluster: Cluster, namespace: str) -> None:
     assert entry["type"] == "ScaleIn" and entry["forcedDrains"] == 1, entry
 
 
-def fail_a_verification(cluster: Cluster, namespace: str) -> None:
-    """A new replica whose answers differ (the simulator's perturbation) is refused publication."""
-    patch = {"spec": {"engine": {"env": [{"name": "GENRM_SIM_PERTURB", "value": "1"}]}}}
-    cluster.kubectl("patch", "genrmpool", POOL, "-n", namespace, "--type=merge", "-p", json.dumps(patch))
-    cluster.scale(namespace, POOL, 2)
-    entry = wait_for("Partial(ReplicaInconsistent)",
-                     lambda: (e := last_outcome(cluster, namespace)) and e["outcome"] == "Partial" and e,
-                     timeout=90)
-    assert entry["reason"] == "ReplicaInconsistent", entry
-
-
 @pytest.mark.timeout(600)
 def test_prometheus_sees_every_dashboard_metric_and_every_panel_has_data(
     cluster: Cluster, operator: OperatorProcess, namespace: str, tmp_path: Path
@@ -161,8 +150,6 @@ def test_prometheus_sees_every_dashboard_metric_and_every_panel_has_data(
             if lint.returncode != 0 or lint.findings:
                 problems.append(f"promtool check metrics on the live {source} scrape: {lint}")
 
-        fail_a_verification(cluster, namespace)
-        follow_pods(cluster, prometheus, namespace)
         time.sleep(3)  # a few more scrapes after the last events
 
         stored = prometheus.metric_names()
