@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from types import TracebackType
 
@@ -94,9 +95,27 @@ class LocalCluster:
             log.info("control plane up; kubeconfig %s", self.kubeconfig)
             self._agent = NodeAgent(self.api, self.node_configs, self.workdir)
             self._agent.start()
+            self._wait_schedulable()
         except BaseException:
             self.stop()
             raise
+
+    def _wait_schedulable(self, timeout: float = 60.0) -> None:
+        """Until the node lifecycle controller has lifted the not-ready taint from every node.
+
+        A new Node is registered with ``node.kubernetes.io/not-ready:NoSchedule``; pods created
+        before the controller removes it would sit Pending, which callers would misread.
+        """
+        names = {n.name for n in self.node_configs}
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            nodes = [n for n in self.api.get("/api/v1/nodes").get("items", []) if n["metadata"]["name"] in names]
+            tainted = [n for n in nodes if any(t.get("key") == "node.kubernetes.io/not-ready"
+                                               for t in n.get("spec", {}).get("taints") or [])]
+            if len(nodes) == len(names) and not tainted:
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"nodes {sorted(names)} still not schedulable after {timeout:g}s")
 
     def stop(self) -> None:
         """Kill pods and remove their network, stop the control plane, remove the work dir."""
