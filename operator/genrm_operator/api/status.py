@@ -73,8 +73,8 @@ class Victim(ApiModel):
     """Deleted after a drain timeout under onTimeout=Force."""
 
 
-class Operation(ApiModel):
-    """The active scale operation."""
+class OperationIdentity(ApiModel):
+    """What names a scale operation, active or finished."""
 
     id: str
     """Operation id, unique within the pool (op-<n>)."""
@@ -84,10 +84,15 @@ class Operation(ApiModel):
     """Serving replicas when the operation started."""
     to: int = Field(ge=0)
     """Target replicas."""
-    phase: Phase
-    """Current phase of the state machine."""
     started_at: str
     """Start time (RFC 3339)."""
+
+
+class Operation(OperationIdentity):
+    """The active scale operation."""
+
+    phase: Phase
+    """Current phase of the state machine."""
     last_transition_time: str
     """Time of the last phase change (RFC 3339)."""
     added_pods: list[AddedPod] = Field(default_factory=list)
@@ -98,25 +103,15 @@ class Operation(ApiModel):
     """Human-readable progress or failure reason."""
 
 
-class HistoryEntry(ApiModel):
+class HistoryEntry(OperationIdentity):
     """A finished operation."""
 
-    id: str
-    """Operation id."""
-    type: OperationType
-    """ScaleOut or ScaleIn."""
-    from_: int = Field(alias="from", ge=0)
-    """Serving replicas at the start."""
-    to: int = Field(ge=0)
-    """Target."""
     outcome: TerminalPhase
     """Succeeded, Partial, Failed or Superseded."""
     reason: str = ""
     """CamelCase reason of the outcome."""
     message: str = ""
     """Detail."""
-    started_at: str
-    """Start time (RFC 3339)."""
     finished_at: str
     """End time (RFC 3339)."""
     duration_seconds: float = Field(ge=0)

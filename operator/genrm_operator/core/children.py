@@ -167,48 +167,37 @@ def pod_manifest(pool: str, pool_uid: str, namespace: str, spec: GenRMPoolSpec, 
     }
 
 
-def service_manifest(pool: str, pool_uid: str, namespace: str, spec: GenRMPoolSpec) -> Manifest:
-    """Service selecting only published replicas of the pool."""
+def _owned(api_version: str, kind: str, name: str, pool: str, pool_uid: str, namespace: str, **body: Any) -> Manifest:
+    """A pool-level child: common labels and a controller reference for garbage collection."""
     return {
-        "apiVersion": "v1",
-        "kind": "Service",
+        "apiVersion": api_version,
+        "kind": kind,
         "metadata": {
-            "name": service_name(pool), "namespace": namespace, "labels": common_labels(pool),
+            "name": name, "namespace": namespace, "labels": common_labels(pool),
             "ownerReferences": [owner_reference(pool, pool_uid)],
         },
-        "spec": {
-            "type": spec.service.type,
-            "selector": {POOL_LABEL: pool, PUBLISHED_LABEL: "true"},
-            "ports": [{"name": "http", "port": spec.service.port, "targetPort": "http", "protocol": "TCP"}],
-        },
+        **body,
     }
+
+
+def service_manifest(pool: str, pool_uid: str, namespace: str, spec: GenRMPoolSpec) -> Manifest:
+    """Service selecting only published replicas of the pool."""
+    return _owned("v1", "Service", service_name(pool), pool, pool_uid, namespace, spec={
+        "type": spec.service.type,
+        "selector": {POOL_LABEL: pool, PUBLISHED_LABEL: "true"},
+        "ports": [{"name": "http", "port": spec.service.port, "targetPort": "http", "protocol": "TCP"}],
+    })
 
 
 def secret_manifest(pool: str, pool_uid: str, namespace: str, token: str) -> Manifest:
     """The sidecars' control token; created once, never rewritten, never logged."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {
-            "name": secret_name(pool), "namespace": namespace, "labels": common_labels(pool),
-            "ownerReferences": [owner_reference(pool, pool_uid)],
-        },
-        "type": "Opaque",
-        "stringData": {TOKEN_KEY: token},
-    }
+    return _owned("v1", "Secret", secret_name(pool), pool, pool_uid, namespace,
+                  type="Opaque", stringData={TOKEN_KEY: token})
 
 
 def pdb_manifest(pool: str, pool_uid: str, namespace: str, spec: GenRMPoolSpec) -> Manifest:
     """Limits voluntary evictions (node drains); the operator's own deletes are drains already."""
-    return {
-        "apiVersion": "policy/v1",
-        "kind": "PodDisruptionBudget",
-        "metadata": {
-            "name": pdb_name(pool), "namespace": namespace, "labels": common_labels(pool),
-            "ownerReferences": [owner_reference(pool, pool_uid)],
-        },
-        "spec": {
-            "maxUnavailable": spec.disruption_budget.max_unavailable,
-            "selector": {"matchLabels": {POOL_LABEL: pool}},
-        },
-    }
+    return _owned("policy/v1", "PodDisruptionBudget", pdb_name(pool), pool, pool_uid, namespace, spec={
+        "maxUnavailable": spec.disruption_budget.max_unavailable,
+        "selector": {"matchLabels": {POOL_LABEL: pool}},
+    })

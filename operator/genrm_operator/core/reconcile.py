@@ -210,8 +210,8 @@ class _Step:
         self.emit("ReplicaFailed", f"Replacing {pod.name}: {r.failure}", warning=True)
         if pod.published:
             self.act(SetPublished(pod.name, pod.uid, False))
-        idle = sidecar is None or (sidecar.inflight == 0 and sidecar.state in ("Fenced", "Drained"))
-        if not pod.ever_published or idle:
+        if sidecar is None or not pod.ever_published or (
+                sidecar.inflight == 0 and sidecar.state in ("Fenced", "Drained")):
             self.act(DeletePod(pod.name, pod.uid))
         elif sidecar.state in ("Serving", "SoftDrain"):
             self.act(Drain(pod.name, drain_id(pod.uid), "fence"))
