@@ -98,10 +98,6 @@ class Prometheus:
         """Whether ``expr`` yields a sample a graph could draw (not only NaN, e.g. a quantile of no rate)."""
         return any(math.isfinite(float(sample["value"][1])) for sample in self.query(expr))
 
-    def active_targets(self) -> list[dict[str, Any]]:
-        targets: list[dict[str, Any]] = self._api("targets", state="active")["activeTargets"]
-        return targets
-
 
 @contextmanager
 def run_prometheus(directory: Path, operator_port: int) -> Iterator[Prometheus]:

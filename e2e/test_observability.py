@@ -29,6 +29,8 @@ from .loadclient import LoadClient
 from .prometheus import Prometheus, promtool_check_metrics, run_prometheus
 
 POOL = "obs"
+GATEWAY_PORT = 8000
+"""spec.gateway.port's default, which the test pool keeps."""
 RATE_WINDOW = "2m"
 """Stands for Grafana's ``$__rate_interval``: long enough to span the whole driven scenario."""
 SCENARIO = {
@@ -66,13 +68,13 @@ def gauge(exposition: str, name: str, **labels: str) -> float | None:
 
 
 def scrape(ip: str) -> str:
-    return httpx.get(f"http://{ip}:8000/metrics", timeout=5).text
+    return httpx.get(f"http://{ip}:{GATEWAY_PORT}/metrics", timeout=5).text
 
 
 def hold_request(ip: str) -> socket.socket:
     """A /generate request whose body never finishes: the gateway counts it in flight until the
     socket closes, so a replica holding one cannot drain and its drain times out (forced)."""
-    sock = socket.create_connection((ip, 8000), timeout=5)
+    sock = socket.create_connection((ip, GATEWAY_PORT), timeout=5)
     sock.sendall(b"POST /generate HTTP/1.1\r\nhost: judge\r\ncontent-type: application/json\r\n"
                  b"content-length: 64\r\n\r\n{")
     return sock
@@ -113,7 +115,7 @@ def force_a_drain(cluster: Cluster, namespace: str) -> None:
         wait_for(f"{name} fenced", lambda: gauge(scrape(ip), "genrm_gateway_drain_state", state="Fenced") == 1,
                  timeout=30, interval=0.2)
         for _ in range(3):  # spread over scrapes, so the refusal counters have a rate
-            refused = httpx.post(f"http://{ip}:8000/generate", json={"text": "too late"}, timeout=5)
+            refused = httpx.post(f"http://{ip}:{GATEWAY_PORT}/generate", json={"text": "too late"}, timeout=5)
             assert refused.status_code == 503, refused.text
             time.sleep(1.2)
         cluster.wait_serving(namespace, POOL, 1, timeout=60)
