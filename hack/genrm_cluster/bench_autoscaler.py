@@ -1,0 +1,135 @@
+"""``make bench-autoscaler``: the built-in autoscaler against a scripted load step on the local cluster.
+
+A simulated pool (one replica, mode Auto, InFlight target 2 per replica, 2-second interval)
+gets a closed-loop load of 4x one replica's capacity (8 clients, each keeping about one
+request in flight), holds it, then drops to zero. Measured from the operator's own writes
+and status, polled every 0.2 s:
+
+* reaction: load step -> first scale-up written to ``spec.replicas`` (target <= 2 intervals);
+* settle: load step -> enough serving replicas (4);
+* flaps: direction changes of ``spec.replicas`` while the load holds (target 0);
+* overshoot: most replicas asked for while the load holds, minus the 4 needed (target <= 1);
+* failed: requests that did not succeed over the whole run, scale-in included (target 0).
+
+The cluster, operator process, pool manifest and load client are the end-to-end suite's
+(``e2e/harness.py``, ``e2e/loadclient.py``), so "failed" means exactly what it means there.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import math
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+from kubernetes import client
+
+from genrm_cluster.cluster import LocalCluster
+
+REPO = Path(__file__).resolve().parents[2]
+
+INTERVAL_S = 2
+TARGET = 2
+PEAK = 4
+"""The load step in replica capacities."""
+HOLD_S = 60.0
+NAMESPACE, POOL = "bench", "bench"
+AUTOSCALING = {
+    "mode": "Auto", "minReplicas": 1, "maxReplicas": 8, "intervalSeconds": INTERVAL_S,
+    "metrics": [{"type": "InFlight", "target": {"averageValue": str(TARGET)}}],
+    # A short scale-down window so the run ends in minutes; scale-up keeps the GPU defaults.
+    "behavior": {"scaleDown": {"stabilizationWindowSeconds": 15,
+                               "policies": [{"type": "Pods", "value": 8, "periodSeconds": 15}]}},
+}
+ENGINE = {"extraArgs": ["--sim-startup-seconds", "2", "--sim-ttft-ms", "5", "--sim-itl-ms", "20"]}
+
+
+@dataclass
+class Trace:
+    """(seconds since the load step, spec.replicas, servingReplicas) samples."""
+
+    samples: list[tuple[float, int, int]] = field(default_factory=list)
+
+    def reaction(self, before: int) -> float | None:
+        return next((t for t, spec, _ in self.samples if spec > before), None)
+
+    def settle(self, need: int) -> float | None:
+        return next((t for t, _, serving in self.samples if serving >= need), None)
+
+    def flaps(self, until: float) -> int:
+        """Direction changes of spec.replicas among the samples before ``until``."""
+        specs = [spec for t, spec, _ in self.samples if t < until]
+        changes = [b - a for a, b in itertools.pairwise(specs) if b != a]
+        return sum(1 for x, y in itertools.pairwise(changes) if (x > 0) != (y > 0))
+
+    def overshoot(self, need: int, until: float) -> int:
+        return max((spec for t, spec, _ in self.samples if t < until), default=need) - need
+
+
+def poll(api: client.CustomObjectsApi, start: float, trace: Trace, until: float, settled_at: int = 0) -> None:
+    """Record the pool's spec and serving count every 0.2 s until ``until`` seconds after ``start``
+    (or, with ``settled_at``, until the pool has that many replicas, all serving)."""
+    while (now := time.monotonic() - start) < until:
+        if settled_at and trace.samples[-1][1:] == (settled_at, settled_at):
+            return
+        pool = cast(dict[str, Any], api.get_namespaced_custom_object("genrm.io", "v1alpha1", NAMESPACE,
+                                                                     "genrmpools", POOL))
+        status = pool.get("status") or {}
+        trace.samples.append((now, int(pool["spec"]["replicas"]), int(status.get("servingReplicas", 0))))
+        time.sleep(0.2)
+
+
+def main() -> int:
+    os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
+    # The e2e suite is a directory of the checkout, not part of this package: loaded at run time
+    # (and so type-checked with the suite, not here).
+    sys.path.insert(0, str(REPO))
+    harness, loadclient = importlib.import_module("e2e.harness"), importlib.import_module("e2e.loadclient")
+    Cluster, OperatorProcess, pool_manifest = harness.Cluster, harness.OperatorProcess, harness.pool_manifest
+    LoadClient = loadclient.LoadClient
+    need = math.ceil(PEAK)
+    with LocalCluster(nodes=2, gpus_per_node=8) as local, tempfile.TemporaryDirectory() as work:
+        cluster = Cluster(local)
+        cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds" / "genrm.io_genrmpools.yaml"))
+        cluster.kubectl("wait", "--for=condition=Established", "crd/genrmpools.genrm.io", "--timeout=60s")
+        operator = OperatorProcess(cluster.kubeconfig, Path(work))
+        operator.start()
+        try:
+            cluster.kubectl("create", "namespace", NAMESPACE)
+            cluster.kubectl("apply", "-f", "-", input=pool_manifest(POOL, NAMESPACE, replicas=1, engine=ENGINE,
+                                                                    autoscaling=AUTOSCALING))
+            cluster.wait_serving(NAMESPACE, POOL, 1)
+            api = client.CustomObjectsApi(cluster.api)
+            trace = Trace()
+            with LoadClient(cluster.api, NAMESPACE, POOL, workers=PEAK * TARGET, max_new_tokens=64) as load:
+                start = time.monotonic()
+                poll(api, start, trace, HOLD_S)
+            poll(api, start, trace, HOLD_S + 120, settled_at=1)  # the drop to zero: scale-in, victims drain
+            scaled_in = trace.samples[-1][1]
+        finally:
+            operator.stop()
+    reaction, settle = trace.reaction(1), trace.settle(need)
+    reaction, settle = (None if x is None else round(x, 1) for x in (reaction, settle))
+    flaps, overshoot = trace.flaps(HOLD_S), trace.overshoot(need, HOLD_S)
+    rows = [("reaction (load step -> first scale-up written)", f"{reaction} s", f"<= {2 * INTERVAL_S} s"),
+            ("settle (load step -> enough serving replicas)", f"{settle} s", f"{need} serving"),
+            ("flaps during the hold", f"{flaps}", "0"),
+            ("overshoot replicas", f"{overshoot}", "<= 1"),
+            ("failed requests", f"{load.stats.failed} of {load.stats.sent}", "0"),
+            ("replicas after the drop", f"{scaled_in}", "1")]
+    for name, value, target in rows:
+        print(f"{name:<50} {value:>12}   target {target}")
+    print(f"autoscaler-bench: reaction_s={-1.0 if reaction is None else reaction:.1f} "
+          f"settle_s={-1.0 if settle is None else settle:.1f} flaps={flaps} overshoot_replicas={overshoot} "
+          f"failed={load.stats.failed}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
