@@ -132,9 +132,9 @@ def observation(observed: Observed, replicas: list[Replica], values: dict[str, d
     )
 
 
-def conditions(decision: Decision, overridden: bool, previous: list[Condition], now: float,
+def conditions(decision: Decision, overridden: bool | None, previous: list[Condition], now: float,
                generation: int) -> tuple[Condition, ...]:
-    """HPA's three conditions from the decision, plus ``AutoscalerOverridden`` in mode Auto."""
+    """HPA's three conditions from the decision, plus ``AutoscalerOverridden`` (None: not mode Auto, left out)."""
     def status(flag: bool) -> Status:
         return "True" if flag else "False"
     out = [set_condition(previous, c.type, status(c.status), c.reason, c.message, now, generation)
@@ -144,7 +144,7 @@ def conditions(decision: Decision, overridden: bool, previous: list[Condition], 
                                  "spec.replicas was set by another writer; the autoscaler adopted it as its "
                                  "current count and changes it only when its own decision differs",
                                  now, generation))
-    else:
+    elif overridden is not None:
         out.append(set_condition(previous, OVERRIDDEN, "False", "AutoscalerInCharge",
                                  "spec.replicas is what the autoscaler last decided", now, generation))
     return tuple(out)
@@ -192,10 +192,8 @@ class PoolAutoscaler:
             memory = adopt(spec, memory, seen.current_replicas, seen.now)
         decision = decide(spec, seen, memory)
         was_overridden = (c := find(previous.conditions, OVERRIDDEN)) is not None and c.status == "True"
-        overridden = spec.mode == "Auto" and (external or (was_overridden and not decision.apply))
+        overridden = external or (was_overridden and not decision.apply) if spec.mode == "Auto" else None
         conds = conditions(decision, overridden, previous.conditions, observed.now, observed.generation)
-        if spec.mode != "Auto":
-            conds = tuple(c for c in conds if c.type != OVERRIDDEN)
         return Turn(conds, decision.status, decision, seen.current_replicas if external else None)
 
     async def _sample(self, scaling: AutoscalingSpec, serving: list[str], endpoints: Mapping[str, Endpoint],
