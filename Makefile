@@ -50,7 +50,7 @@ bench-gateway: venv
 	$(PY) -m genrm_gateway.bench
 
 bench-autoscaler: venv control-plane
-	GENRM_BIN_DIR="$$(hack/control-plane.sh)" $(PY) -m genrm_cluster.bench_autoscaler
+	GENRM_BIN_DIR="$$(hack/control-plane.sh)" $(PY) -m e2e.bench_autoscaler
 
 images:
 	@command -v docker >/dev/null || { echo "make images needs a Docker engine"; exit 1; }

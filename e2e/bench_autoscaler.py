@@ -11,13 +11,13 @@ and status, polled every 0.2 s:
 * overshoot: most replicas asked for while the load holds, minus the 4 needed (target <= 1);
 * failed: requests that did not succeed over the whole run, scale-in included (target 0).
 
-The cluster, operator process, pool manifest and load client are the end-to-end suite's
-(``e2e/harness.py``, ``e2e/loadclient.py``), so "failed" means exactly what it means there.
+It lives beside the end-to-end suite and uses its cluster, operator process, pool manifest and
+load client (``harness.py``, ``loadclient.py``), so "failed" means exactly what it means there.
+Run from the repository root: ``python -m e2e.bench_autoscaler``.
 """
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import math
 import os
@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from genrm_cluster.cluster import LocalCluster
 from kubernetes import client
 
-from genrm_cluster.cluster import LocalCluster
-
-REPO = Path(__file__).resolve().parents[2]
+from .harness import REPO, Cluster, OperatorProcess, pool_manifest
+from .loadclient import LoadClient
 
 INTERVAL_S = 2
 TARGET = 2
@@ -87,12 +87,6 @@ def poll(api: client.CustomObjectsApi, start: float, trace: Trace, until: float,
 
 def main() -> int:
     os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
-    # The e2e suite is a directory of the checkout, not part of this package: loaded at run time
-    # (and so type-checked with the suite, not here).
-    sys.path.insert(0, str(REPO))
-    harness, loadclient = importlib.import_module("e2e.harness"), importlib.import_module("e2e.loadclient")
-    Cluster, OperatorProcess, pool_manifest = harness.Cluster, harness.OperatorProcess, harness.pool_manifest
-    LoadClient = loadclient.LoadClient
     need = math.ceil(PEAK)
     with LocalCluster(nodes=2, gpus_per_node=8) as local, tempfile.TemporaryDirectory() as work:
         cluster = Cluster(local)
