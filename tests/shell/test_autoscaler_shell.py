@@ -42,9 +42,6 @@ class FakeKube:
     async def get_pool(self, namespace: str, name: str) -> dict[str, Any]:
         return copy.deepcopy(self.pool)
 
-    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        return copy.deepcopy(self.pods)
-
     async def replace_status(self, pool: dict[str, Any], status: dict[str, Any]) -> None:
         self.status_writes += 1
         self.pool["status"] = status
@@ -100,7 +97,8 @@ class Harness:
         self.events: list[Event] = []
         http = httpx.AsyncClient(transport=httpx.MockTransport(
             lambda request: httpx.Response(200, text=exposition(self.inflight))))
-        self.reconciler = PoolReconciler(self.kube, FakeSidecars(), self.post, NS, POOL)  # type: ignore[arg-type]
+        self.reconciler = PoolReconciler(self.kube, FakeSidecars(), self.post, NS, POOL,  # type: ignore[arg-type]
+                                         lambda: copy.deepcopy(self.kube.pods))
         self.reconciler.autoscaler = PoolAutoscaler(self.kube, NS, POOL, http)  # type: ignore[arg-type]
 
     async def post(self, pool: dict[str, Any], event: Event) -> None:

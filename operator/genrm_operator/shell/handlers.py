@@ -53,12 +53,26 @@ async def post_event(pool: Manifest, event: Event) -> None:
     kopf.event(cast(kopf.Body, pool), type=event.type, reason=event.reason, message=event.message.replace("\n", " "))
 
 
+@kopf.index("", "v1", "pods", labels={POOL_LABEL: kopf.PRESENT})
+async def pods_by_pool(namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
+                       **_: Any) -> dict[tuple[str, str], Manifest]:
+    """The pods of each pool, kept current by the pod watch (metadata and status only)."""
+    return {(namespace or "default", labels[POOL_LABEL]): {
+        "metadata": dict(body.get("metadata") or {}), "status": dict(body.get("status") or {}),
+    }}
+
+
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
 async def reconcile_pool(name: str, namespace: str | None, memo: kopf.Memo, stopped: kopf.DaemonStopped,
-                         **_: Any) -> None:
+                         **kwargs: Any) -> None:
     """The single writer of one pool."""
     ns = namespace or "default"
-    reconciler = PoolReconciler(memo.kube, memo.sidecars, post_event, ns, name)
+    index = cast(kopf.Index[tuple[str, str], Manifest], kwargs["pods_by_pool"])  # kopf passes indices by name
+
+    def pods() -> list[Manifest]:
+        return list(index.get((ns, name), []))
+
+    reconciler = PoolReconciler(memo.kube, memo.sidecars, post_event, ns, name, pods)
     RECONCILERS[(ns, name)] = reconciler
     try:
         await reconciler.run(lambda: bool(stopped))

@@ -71,11 +71,6 @@ class Kube:
                 raise Conflict(meta["name"]) from exc
             raise
 
-    async def list_pods(self, namespace: str, selector: str) -> list[Manifest]:
-        pods = await asyncio.to_thread(self.core.list_namespaced_pod, namespace, label_selector=selector)
-        serialise = client.ApiClient().sanitize_for_serialization
-        return [serialise(p) for p in pods.items]  # type: ignore[no-untyped-call]
-
     async def create(self, manifest: Manifest) -> None:
         """Create a Pod, Service or PodDisruptionBudget; AlreadyExists is success."""
         ns, kind = manifest["metadata"]["namespace"], manifest["kind"]

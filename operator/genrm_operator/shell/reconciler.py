@@ -32,7 +32,6 @@ from ..core.model import (
 )
 from ..core.names import (
     EVER_PUBLISHED_ANNOTATION,
-    POOL_LABEL,
     PUBLISHED_LABEL,
     VERIFICATION_ANNOTATION,
     VERIFICATION_MESSAGE_ANNOTATION,
@@ -50,6 +49,12 @@ ACTIVE_RESYNC_SECONDS = 1.0
 IDLE_RESYNC_SECONDS = 10.0
 EVENT_DEDUP_SECONDS = 60.0
 EventPoster = Callable[[Manifest, Event], Awaitable[None]]
+PodSource = Callable[[], list[Manifest]]
+"""The pool's pods as the watch last showed them (kopf's pod index): no LIST per step.
+
+The index may lag the operator's own writes by an event; that is safe because pod
+names are deterministic (a repeated create is AlreadyExists) and every action is
+idempotent and bound to a pod UID."""
 
 
 def status_wire(status: GenRMPoolStatus) -> dict[str, Any]:
@@ -61,8 +66,8 @@ class PoolReconciler:
     """Reconciles one pool until its daemon is stopped."""
 
     def __init__(self, kube: Kube, sidecars: SidecarClient, post_event: EventPoster,
-                 namespace: str, name: str) -> None:
-        self.kube, self.sidecars, self.post_event = kube, sidecars, post_event
+                 namespace: str, name: str, pods: PodSource) -> None:
+        self.kube, self.sidecars, self.post_event, self.pods = kube, sidecars, post_event, pods
         self.namespace, self.name = namespace, name
         self.wake = asyncio.Event()
         self._recent_events: dict[tuple[str, str], float] = {}
@@ -114,7 +119,7 @@ class PoolReconciler:
         spec = GenRMPoolSpec.model_validate(pool.get("spec") or {})
         status = GenRMPoolStatus.model_validate(pool.get("status") or {})
         await self.ensure_children(meta["uid"], spec)
-        pods = await self.kube.list_pods(self.namespace, f"{POOL_LABEL}={self.name}")
+        pods = self.pods()
         endpoints = {
             p["metadata"]["name"]: Endpoint(ip, spec.gateway.port, self._token or "")
             for p in pods if (ip := pod_ip(p)) and not p["metadata"].get("deletionTimestamp")
