@@ -34,10 +34,10 @@ def step(message: str) -> None:
     print(f"==> {message}", flush=True)
 
 
-def wait_available(kubectl: list[str], timeout: float = 180.0) -> dict[str, Any]:
-    """Poll the demo pool until Available with its requested serving replicas."""
+def wait_available(kubectl: list[str], stop: threading.Event, timeout: float = 180.0) -> dict[str, Any]:
+    """Poll the demo pool until Available with its requested serving replicas (or Ctrl-C)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not stop.is_set():
         done = subprocess.run([*kubectl, "get", "genrmpool", "demo", "-o", "json"], capture_output=True, text=True)
         if done.returncode == 0:
             pool: dict[str, Any] = json.loads(done.stdout)
@@ -47,14 +47,18 @@ def wait_available(kubectl: list[str], timeout: float = 180.0) -> dict[str, Any]
             if available and status.get("servingReplicas") == pool["spec"]["replicas"]:
                 return pool
         time.sleep(1)
-    raise SystemExit("the demo pool did not become Available in time; see the operator log above")
+    raise SystemExit("interrupted" if stop.is_set() else
+                     "the demo pool did not become Available in time; see the operator log")
 
 
 def run_local() -> int:
     os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
     step("starting the local control plane and node agent (2 nodes x 8 nvidia.com/gpu)")
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # Explicit handlers: a shell that starts `make dev` in the background leaves SIGINT ignored,
+    # and Ctrl-C must stop everything cleanly however it was started.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
     with LocalCluster(nodes=2, gpus_per_node=8) as cluster:
         kubectl = [str(cluster.bin_dir / "kubectl"), f"--kubeconfig={cluster.kubeconfig}"]
         step("installing the GenRMPool CRD")
@@ -70,7 +74,7 @@ def run_local() -> int:
             step(f"applying {EXAMPLE.relative_to(REPO)}")
             subprocess.run([*kubectl, "apply", "-f", str(EXAMPLE)], check=True)
             step("waiting for the pool to become Available")
-            wait_available(kubectl)
+            wait_available(kubectl, stop)
             pods = json.loads(subprocess.run([*kubectl, "get", "pods", "-l", "genrm.io/pool=demo", "-o", "json"],
                                              check=True, capture_output=True, text=True).stdout)["items"]
             ip = pods[0]["status"]["podIP"]
@@ -93,8 +97,6 @@ Press Ctrl-C to stop everything.
             if operator.poll() is not None:
                 print(f"the operator exited with {operator.returncode}; see {log_path}", file=sys.stderr)
                 return 1
-        except KeyboardInterrupt:
-            pass
         finally:
             step("stopping the operator and the cluster")
             operator.terminate()
