@@ -28,10 +28,10 @@ import httpx
 
 from genrm_cluster import procutil
 from genrm_cluster.kubeapi import ApiError, KubeAPI
+from genrm_cluster.netns import SERVICE_CIDR
 from genrm_cluster.pki import PKI, CertPair
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SERVICE_CIDR = "10.96.0.0/16"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 START_TIMEOUT = float(os.environ.get("GENRM_CLUSTER_START_TIMEOUT", "120"))
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")

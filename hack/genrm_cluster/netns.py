@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import IO
 
 SERVICE_CIDR = "10.96.0.0/16"
+"""The apiserver's service range (controlplane.py passes it on); blackholed on the host."""
 LOCK_DIR = Path("/run/genrm-cluster")
 MAX_SLOTS = 8
 
