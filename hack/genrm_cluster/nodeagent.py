@@ -28,7 +28,7 @@ import httpx
 
 from genrm_cluster.kubeapi import JSON, ApiError, KubeAPI
 from genrm_cluster.netns import PodNetwork
-from genrm_cluster.podrunner import PodRunner
+from genrm_cluster.podrunner import PodRunner, now_rfc3339
 
 log = logging.getLogger("genrm_cluster.agent")
 
@@ -50,11 +50,8 @@ class NodeConfig:
 
 
 def _micro_now() -> str:
+    """Now in the MicroTime format a Lease's renewTime requires (conditions use plain seconds)."""
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class NodeAgent:
@@ -147,17 +144,13 @@ class NodeAgent:
 
     @staticmethod
     def _conditions() -> list[JSON]:
-        now = _now()
-        ok = {"Ready": ("True", "KubeletReady", "local node agent is ready")}
-        conditions = [
-            {"type": t, "status": "False", "reason": f"KubeletHasNo{t}", "message": "",
-             "lastHeartbeatTime": now, "lastTransitionTime": now}
-            for t in ("MemoryPressure", "DiskPressure", "PIDPressure")
-        ]
-        for t, (status, reason, message) in ok.items():
-            conditions.append({"type": t, "status": status, "reason": reason, "message": message,
-                               "lastHeartbeatTime": now, "lastTransitionTime": now})
-        return conditions
+        """A healthy kubelet's node conditions: no pressure of any kind, and Ready."""
+        now = now_rfc3339()
+        states = [(t, "False", f"KubeletHasNo{t}", "") for t in ("MemoryPressure", "DiskPressure", "PIDPressure")]
+        states.append(("Ready", "True", "KubeletReady", "local node agent is ready"))
+        return [{"type": t, "status": status, "reason": reason, "message": message,
+                 "lastHeartbeatTime": now, "lastTransitionTime": now}
+                for t, status, reason, message in states]
 
     def _heartbeat_loop(self) -> None:
         since_status = 0.0

@@ -43,6 +43,7 @@ StatusSink = Callable[[JSON, JSON], bool]
 
 
 def now_rfc3339() -> str:
+    """Now as the second-precision RFC 3339 timestamp of pod and node status fields."""
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
