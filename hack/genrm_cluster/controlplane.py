@@ -63,7 +63,7 @@ def free_port() -> int:
 
 
 def write_kubeconfig(path: Path, server: str, ca: Path, client: CertPair, user: str) -> Path:
-    """Write a kubeconfig that refers to the PEM files (readable by kubectl, kopf and KubeAPI)."""
+    """Write a kubeconfig that refers to the PEM files (for kubectl and the operator)."""
     path.write_text(
         "apiVersion: v1\nkind: Config\n"
         f"clusters:\n- name: genrm\n  cluster:\n    server: {server}\n"

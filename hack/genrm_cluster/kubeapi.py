@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 JSON = dict[str, Any]
 
@@ -39,21 +38,6 @@ class KubeAPI:
             base_url=server,
             verify=context,
             timeout=httpx.Timeout(30.0, connect=5.0),
-        )
-
-    @classmethod
-    def from_kubeconfig(cls, path: Path) -> KubeAPI:
-        """Build a client from a kubeconfig whose certificates are file references."""
-        config = yaml.safe_load(path.read_text())
-        context_name = config["current-context"]
-        context = next(c["context"] for c in config["contexts"] if c["name"] == context_name)
-        cluster = next(c["cluster"] for c in config["clusters"] if c["name"] == context["cluster"])
-        user = next(u["user"] for u in config["users"] if u["name"] == context["user"])
-        return cls(
-            cluster["server"],
-            Path(cluster["certificate-authority"]),
-            Path(user["client-certificate"]),
-            Path(user["client-key"]),
         )
 
     def close(self) -> None:
