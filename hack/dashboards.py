@@ -156,7 +156,7 @@ POOL_OVERVIEW = Dashboard(
                   "desired = spec.replicas; current = pods; ready = pods passing readiness; serving = published "
                   "for routing; draining = being removed.", "short",
                   (Target(f"max by (namespace, pool, state) (genrm_pool_replicas{{{POOL}}})",
-                          "{{pool}} {{state}}"),), width=24),
+                          "{{pool}} {{state}}"),), width=WIDTH),
         )),
         Row("Scale operations", (
             Panel("Finished operations", "Scale operations finished per interval, by type and outcome.", "short",
@@ -185,7 +185,7 @@ POOL_OVERVIEW = Dashboard(
                           "{{pool}} {{metric}} target"))),
             Panel("Decisions", "Autoscaler decisions per interval, by outcome.", "short",
                   (Target(f"sum by (pool, outcome) (increase(genrm_autoscaler_decisions_total{{{POOL}}}[{RATE}]))",
-                          "{{pool}} {{outcome}}"),), width=24, stack=True),
+                          "{{pool}} {{outcome}}"),), width=WIDTH, stack=True),
         )),
         Row("Operator", (
             Panel("Reconcile rate", "Reconcile steps per second, by result.", "ops",
@@ -195,7 +195,7 @@ POOL_OVERVIEW = Dashboard(
             Panel("Reconcile duration", "Median and 99th percentile duration of one reconcile step.", "s",
                   _quantiles("genrm_operator_reconcile_duration_seconds", POOL, "pool", "{{pool}}")),
             Panel("Active pools", "Pools with a running reconciler, per operator pod.", "short",
-                  (Target("sum by (pod) (genrm_operator_active_pools)", "{{pod}}"),), width=24),
+                  (Target("sum by (pod) (genrm_operator_active_pools)", "{{pod}}"),), width=WIDTH),
         )),
     ),
 )
@@ -215,7 +215,7 @@ GATEWAY = Dashboard(
                           f"sum by (pool) (rate(genrm_gateway_requests_total{{{POD}}}[{RATE}]))", "{{pool}}"),),
                   max=1),
             Panel("Latency per pod", "Median and 99th percentile time from admission to the last response byte.",
-                  "s", _quantiles("genrm_gateway_request_duration_seconds", POD, "pod", "{{pod}}"), width=24),
+                  "s", _quantiles("genrm_gateway_request_duration_seconds", POD, "pod", "{{pod}}"), width=WIDTH),
         )),
         Row("Admission and drain", (
             Panel("In-flight requests", "Requests admitted and not yet answered, per pod.", "short",
