@@ -15,7 +15,6 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -70,11 +69,6 @@ class LocalCluster:
             raise RuntimeError("cluster not started")
         return self._agent
 
-    def env(self) -> dict[str, str]:
-        """The current environment plus KUBECONFIG and the binaries (kubectl, helm) on PATH."""
-        return {**os.environ, "KUBECONFIG": str(self.kubeconfig),
-                "PATH": f"{self.bin_dir}:{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
-
     def kubectl(self, *args: str, check: bool = True, input: str | None = None,
                 timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         """Run the built kubectl against this cluster; output captured as text."""
@@ -84,10 +78,6 @@ class LocalCluster:
     def logs_for(self, pod: str, namespace: str = "default") -> dict[str, Path]:
         """Container name → log file of the newest pod with that name run by the agent."""
         return self.agent.log_paths(namespace, pod)
-
-    def component_logs(self) -> dict[str, Path]:
-        """Component name (etcd, kube-apiserver, ...) → log file."""
-        return dict(self.control_plane.logs)
 
     def start(self) -> None:
         try:

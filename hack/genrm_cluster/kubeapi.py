@@ -67,9 +67,6 @@ class KubeAPI:
     def post(self, path: str, body: JSON) -> JSON:
         return self.request("POST", path, body)
 
-    def put(self, path: str, body: JSON) -> JSON:
-        return self.request("PUT", path, body)
-
     def patch(self, path: str, body: JSON, kind: str = "strategic-merge-patch") -> JSON:
         return self.request("PATCH", path, body, content_type=f"application/{kind}+json")
 
