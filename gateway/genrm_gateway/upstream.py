@@ -210,18 +210,26 @@ class EnginePool:
 
         A reused connection that dies before any response byte is retried once on a fresh
         connection: that is the keep-alive close race, and judge requests are pure functions.
+        When that fresh connection cannot even be opened, the engine died under the request, and
+        the original disconnection is what the client is told.
         """
         connection = self._take_idle()
-        if connection is not None:
+        if connection is None:
+            connection = await self._connect()
+        else:
             connection.start(exchange, data)
             try:
                 await exchange.wait_head()
                 return
-            except EngineDisconnected:
+            except EngineDisconnected as lost:
                 if exchange.answered:
                     raise
                 exchange.rearm()
-        (await self._connect()).start(exchange, data)
+                try:
+                    connection = await self._connect()
+                except EngineUnavailable:
+                    raise lost from None
+        connection.start(exchange, data)
         await exchange.wait_head()
 
     async def request(self, method: str, path: str, payload: object = None,
