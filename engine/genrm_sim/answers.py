@@ -52,10 +52,6 @@ class Answer:
     tokens: tuple[str, ...]
     finish_reason: str
 
-    @property
-    def text(self) -> str:
-        return "".join(self.tokens)
-
 
 @dataclass(frozen=True)
 class AnswerKey:

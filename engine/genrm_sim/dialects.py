@@ -109,7 +109,8 @@ class NativeGenerate(Dialect):
         return {"text": outcome.text, "meta_info": self._meta(outcome)}
 
     def chunk(self, call: Call, outcome: Outcome, delta: str) -> JSON:
-        return {"text": outcome.text, "meta_info": self._meta(outcome)}
+        """SGLang streams the cumulative text, so a chunk is the response so far."""
+        return self.response(call, outcome)
 
     @staticmethod
     def _meta(outcome: Outcome) -> JSON:

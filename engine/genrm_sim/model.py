@@ -68,7 +68,11 @@ class Scheduler:
 
     def abort(self, rid: str | None, abort_all: bool = False) -> int:
         """Abort one job (or all); returns how many were found."""
-        victims = list(self._jobs.values()) if abort_all else [j for j in [self._jobs.get(rid or "")] if j]
+        if abort_all:
+            victims = list(self._jobs.values())
+        else:
+            job = None if rid is None else self._jobs.get(rid)
+            victims = [] if job is None else [job]
         for job in victims:
             job.aborted.set()
         return len(victims)
