@@ -21,6 +21,8 @@ from genrm_gateway.upstream import EnginePool
 
 
 class Gateway:
+    """The sidecar's ASGI app; its parts are attributes so the server's SIGTERM drain can reach them."""
+
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
         self.admission = Admission()

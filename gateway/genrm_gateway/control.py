@@ -19,7 +19,7 @@ from genrm_gateway.admission import Admission
 from genrm_gateway.config import read_control_token
 from genrm_gateway.drain import DrainConflict, DrainController, DrainState, Phase
 from genrm_gateway.engine import EngineMonitor
-from genrm_gateway.errors import REASON_HEADER, error_body
+from genrm_gateway.errors import REASON_HEADER, Refusal, error_body
 from genrm_gateway.metrics import GatewayMetrics
 from genrm_gateway.routes import BLOCKED_ENGINE_PATHS
 
@@ -38,13 +38,6 @@ class UndrainRequest(BaseModel):
     drain_id: str = Field(alias="drainId", min_length=1)
 
 
-class ControlError(Exception):
-    def __init__(self, code: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.reason = reason
-
-
 def _error(code: int, reason: str, message: str) -> Response:
     return Response(error_body(code, reason, message), code, media_type="application/json",
                     headers={REASON_HEADER.decode(): reason})
@@ -53,12 +46,12 @@ def _error(code: int, reason: str, message: str) -> Response:
 def require_token(authorization: Annotated[str | None, Header()] = None) -> None:
     """Bearer auth for the control API: missing → 401, wrong → 403, compared in constant time."""
     if not authorization:
-        raise ControlError(401, "unauthenticated", "a bearer token is required")
+        raise Refusal(401, "unauthenticated", "a bearer token is required")
     scheme, _, presented = authorization.partition(" ")
     expected = read_control_token()
     if scheme.lower() != "bearer" or expected is None or not hmac.compare_digest(
             presented.strip().encode(), expected.encode()):
-        raise ControlError(403, "forbidden", "the bearer token is not valid for this gateway")
+        raise Refusal(403, "forbidden", "the bearer token is not valid for this gateway")
 
 
 def create_control_app(admission: Admission, drain: DrainController, engine: EngineMonitor,
@@ -86,8 +79,8 @@ def create_control_app(admission: Admission, drain: DrainController, engine: Eng
             "idleSinceSeconds": None if idle is None else round(idle, 3),
         }
 
-    @app.exception_handler(ControlError)
-    async def control_error(request: Request, exc: ControlError) -> Response:
+    @app.exception_handler(Refusal)
+    async def refusal(request: Request, exc: Refusal) -> Response:
         return _error(exc.code, exc.reason, str(exc))
 
     @app.exception_handler(DrainConflict)

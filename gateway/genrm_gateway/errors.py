@@ -13,3 +13,12 @@ REASON_HEADER = b"x-genrm-reason"
 
 def error_body(code: int, reason: str, message: str) -> bytes:
     return json.dumps({"error": {"reason": reason, "message": message, "code": code}}).encode()
+
+
+class Refusal(Exception):
+    """A request the gateway answers itself, with ``code`` and this error shape's ``reason``."""
+
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason

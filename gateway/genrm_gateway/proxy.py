@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from genrm_gateway.admission import Admission
 from genrm_gateway.drain import DrainController, DrainState
-from genrm_gateway.errors import REASON_HEADER, error_body
+from genrm_gateway.errors import REASON_HEADER, Refusal, error_body
 from genrm_gateway.metrics import GatewayMetrics
 from genrm_gateway.routes import ProxiedRoute
 from genrm_gateway.upstream import ClientGone, EngineError, EnginePool, Exchange
@@ -33,15 +33,6 @@ CLIENT_CLOSED = 499
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade",
                          b"proxy-connection", b"proxy-authorization", b"host", b"content-length",
                          b"trailer", REQUEST_ID_HEADER, b"date", b"server", b"expect"})
-
-
-class Refusal(Exception):
-    """A request the gateway answers itself with a JSON error."""
-
-    def __init__(self, code: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.reason = reason
 
 
 async def send_error(send: Send, code: int, reason: str, message: str,
