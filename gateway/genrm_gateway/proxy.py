@@ -44,6 +44,11 @@ async def send_error(send: Send, code: int, reason: str, message: str,
     await send({"type": "http.response.body", "body": body})
 
 
+def _new_request_id() -> bytes:
+    """24 hex digits, for requests that arrive without an ``x-request-id`` or a ``rid``."""
+    return os.urandom(12).hex().encode()
+
+
 def with_request_id(payload: dict[str, Any], body: bytes, request_id: str) -> bytes:
     """Add ``rid`` so the engine knows the request by the id the gateway can abort.
 
@@ -146,7 +151,7 @@ class Proxy:
         if route.has_body:
             body, abort_rid, request_id = self._prepare(body, request_id)
         if not request_id:
-            request_id = os.urandom(12).hex().encode()
+            request_id = _new_request_id()
         path = scope["raw_path"] or scope["path"].encode()
         if scope["query_string"]:
             path += b"?" + scope["query_string"]
@@ -186,7 +191,7 @@ class Proxy:
             return body, rid, request_id or rid.encode()
         if rid is not None:  # a batch: the engine has the client's rids, abort cannot name one
             return body, None, request_id
-        request_id = request_id or os.urandom(12).hex().encode()
+        request_id = request_id or _new_request_id()
         rid = request_id.decode("latin-1")
         return with_request_id(payload, body, rid), rid, request_id
 
