@@ -196,24 +196,20 @@ class Proxy:
         return with_request_id(payload, body, rid), rid, request_id
 
     async def _read_body(self, receive: Receive) -> bytes:
-        message = await receive()
-        body: bytes = message.get("body", b"")
-        if not message.get("more_body"):
-            if message["type"] == "http.disconnect":
-                raise Refusal(CLIENT_CLOSED, "clientGone", "the client disconnected")
-            return body
-        chunks = [body]
-        size = len(body)
-        while message.get("more_body"):
+        """The whole body, refused as soon as it passes the limit (also without a content-length)."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
             message = await receive()
             if message["type"] == "http.disconnect":
                 raise Refusal(CLIENT_CLOSED, "clientGone", "the client disconnected")
-            chunk = message.get("body", b"")
+            chunk: bytes = message.get("body", b"")
             size += len(chunk)
             if size > self._max_body_bytes:
                 raise Refusal(413, "bodyTooLarge", f"the body exceeds {self._max_body_bytes} bytes")
             chunks.append(chunk)
-        return b"".join(chunks)
+            if not message.get("more_body"):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def _respond(self, exchange: Exchange, send: Send, request_id: bytes) -> None:
         headers = [(name, value) for name, value in exchange.headers if name not in _HOP_BY_HOP]

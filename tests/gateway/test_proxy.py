@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 
@@ -53,9 +54,12 @@ def test_refusals_are_json_and_counted(shared: Stack) -> None:
     assert httpx.post(f"{shared.url}/v1/completions", json=[1]).status_code == 400
     huge = httpx.post(f"{shared.url}/generate", json={"text": "x" * 5000})
     assert huge.status_code == 413 and huge.json()["error"]["reason"] == "bodyTooLarge"
+    # Chunked, no content-length, delivered in one piece: the limit still applies.
+    chunked = httpx.post(f"{shared.url}/generate", content=iter([json.dumps({"text": "x" * 5000}).encode()]))
+    assert chunked.status_code == 413 and chunked.json()["error"]["reason"] == "bodyTooLarge"
     assert httpx.get(f"{shared.url}/generate").status_code == 405
     metrics = httpx.get(f"{shared.url}/metrics").text
-    assert 'genrm_gateway_refused_total{reason="bodyTooLarge"} 1.0' in metrics
+    assert 'genrm_gateway_refused_total{reason="bodyTooLarge"} 2.0' in metrics
     assert 'genrm_gateway_requests_total{code="400",route="/generate"} 1.0' in metrics
     assert httpx.post(f"{shared.url}/generate", json={"text": "still serving"}).status_code == 200
 
