@@ -12,7 +12,8 @@ from genrm_cluster.cluster import LocalCluster
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[LocalCluster]:
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("the local cluster needs root and iproute2 (network namespaces)")
+    # A hard failure, not a skip: CI runs as root, and a silently skipped cluster suite proves nothing.
+    assert os.geteuid() == 0 and shutil.which("ip") is not None, \
+        "the local cluster needs root and iproute2 (network namespaces)"
     with LocalCluster(nodes=1, gpus_per_node=8) as c:
         yield c
