@@ -21,6 +21,7 @@ from genrm_operator.api.autoscaling import AutoscalerStatus, AutoscalingSpec, De
 from genrm_operator.core.model import Event, SidecarView
 from genrm_operator.shell import metrics
 from genrm_operator.shell.autoscaler import OVERRIDDEN, PoolAutoscaler, external_write
+from genrm_operator.shell.kube import Conflict
 from genrm_operator.shell.reconciler import PoolReconciler
 from prometheus_client import REGISTRY
 
@@ -38,17 +39,28 @@ class FakeKube:
         self.pool, self.pods = pool, pods
         self.scaled: list[int] = []
         self.status_writes = 0
+        self.version = 1
+
+    def bump(self) -> str:
+        self.version += 1
+        self.pool["metadata"]["resourceVersion"] = str(self.version)
+        return str(self.version)
 
     async def get_pool(self, namespace: str, name: str) -> dict[str, Any]:
         return copy.deepcopy(self.pool)
 
-    async def replace_status(self, pool: dict[str, Any], status: dict[str, Any]) -> None:
+    async def replace_status(self, pool: dict[str, Any], status: dict[str, Any]) -> str:
         self.status_writes += 1
         self.pool["status"] = status
+        return self.bump()
 
-    async def scale(self, namespace: str, name: str, replicas: int) -> None:
+    async def scale(self, namespace: str, name: str, replicas: int, resource_version: str) -> None:
+        """Optimistic like the API server: a stale resourceVersion is a Conflict."""
+        if resource_version != str(self.version):
+            raise Conflict(name)
         self.scaled.append(replicas)
         self.pool["spec"]["replicas"] = replicas
+        self.bump()
 
     async def control_token(self, *args: Any) -> str:
         return "token"
@@ -83,7 +95,7 @@ def pool(replicas: int, mode: str = "Auto", **scaling: Any) -> dict[str, Any]:
     autoscaling = {"mode": mode, "minReplicas": 1, "maxReplicas": 6, "intervalSeconds": 5,
                    "metrics": [{"type": "InFlight", "target": {"averageValue": "2"}}], **scaling}
     return {"apiVersion": "genrm.io/v1alpha1", "kind": "GenRMPool",
-            "metadata": {"name": POOL, "namespace": NS, "uid": "pool-uid", "generation": 1},
+            "metadata": {"name": POOL, "namespace": NS, "uid": "pool-uid", "generation": 1, "resourceVersion": "1"},
             "spec": {"replicas": replicas, "model": {"path": "sim/judge"}, "engine": {"image": "sim"},
                      "autoscaling": autoscaling}}
 
@@ -118,6 +130,22 @@ class Harness:
 
     def condition(self, type_: str) -> dict[str, Any]:
         return next(c for c in self.status["conditions"] if c["type"] == type_)
+
+
+async def test_a_count_written_by_another_writer_between_status_and_scale_is_not_overwritten() -> None:
+    h = Harness(pool(1), replicas=1, inflight=6)
+    write_status = h.kube.replace_status
+
+    async def then_someone_scales(pool_: dict[str, Any], status: dict[str, Any]) -> str:
+        ours = await write_status(pool_, status)
+        h.kube.pool["spec"]["replicas"] = 5                       # e.g. kubectl scale, right after our PUT
+        h.kube.bump()
+        return ours
+
+    h.kube.replace_status = then_someone_scales  # type: ignore[method-assign]
+    await h.step()
+    assert h.kube.scaled == [] and h.kube.pool["spec"]["replicas"] == 5
+    assert "SuccessfulRescale" not in [e.reason for e in h.events]
 
 
 async def test_a_decision_is_written_with_the_status_then_applied_through_scale() -> None:

@@ -58,7 +58,7 @@ from ..core.classify import Replica, Role, classify
 from ..core.conditions import Status, find, set_condition
 from ..core.model import Event, Observed
 from . import metrics
-from .kube import Kube
+from .kube import Conflict, Kube
 from .scrape import DirectSource, PrometheusSource
 from .sidecar import Endpoint
 
@@ -238,11 +238,14 @@ class PoolAutoscaler:
         result = "ScaleUp" if change > 0 else "ScaleDown" if change < 0 else "NoChange"
         metrics.AUTOSCALER_DECISIONS.labels(ns, pool, result).inc()
 
-    async def actuate(self, turn: Turn) -> list[Event]:
+    async def actuate(self, turn: Turn, resource_version: str) -> list[Event]:
         """Write the decided count through the scale subresource; the Events to post about the turn.
 
-        A failed write is only logged: the status already says what was decided, and the
-        next decision recognises the lost write (see the module docstring) and repeats it.
+        The write is bound to ``resource_version`` (the pool as this decision saw and wrote it),
+        so a count another writer set in between is never overwritten: the API server refuses,
+        and the next turn sees that write as external. A failed write is only logged: the status
+        already says what was decided, and the next decision recognises the lost write (see the
+        module docstring) and repeats it.
         """
         events: list[Event] = []
         if turn.external is not None:
@@ -253,7 +256,10 @@ class PoolAutoscaler:
         if decision is None or not decision.apply:
             return events
         try:
-            await self.kube.scale(self.namespace, self.name, decision.desired_replicas)
+            await self.kube.scale(self.namespace, self.name, decision.desired_replicas, resource_version)
+        except Conflict:
+            log.info("autoscaler write of %s/%s lost to another writer; re-deciding", self.namespace, self.name)
+            return events
         except Exception as exc:
             log.exception("autoscaler write of %s/%s failed", self.namespace, self.name)
             events.append(Event("Warning", "FailedRescale", f"New size: {decision.desired_replicas}; error: {exc}"))

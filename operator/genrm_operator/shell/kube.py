@@ -12,7 +12,7 @@ import base64
 import logging
 import secrets
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -59,17 +59,22 @@ class Kube:
                                 ok=(404,))
         return pool if isinstance(pool, dict) else None
 
-    async def replace_status(self, pool: Manifest, status: Manifest) -> None:
-        """PUT the status with the read resourceVersion: a concurrent change yields Conflict."""
+    async def replace_status(self, pool: Manifest, status: Manifest) -> str:
+        """PUT the status with the read resourceVersion (a concurrent change yields Conflict).
+
+        Returns the new resourceVersion, so a write that must follow this one can be bound to it.
+        """
         meta = pool["metadata"]
         body = {**pool, "status": status}
         try:
-            await asyncio.to_thread(self.custom.replace_namespaced_custom_object_status, GROUP, VERSION,
-                                    meta["namespace"], PLURAL, meta["name"], body)
+            written = await asyncio.to_thread(
+                self.custom.replace_namespaced_custom_object_status, GROUP, VERSION, meta["namespace"], PLURAL,
+                meta["name"], body)
         except ApiException as exc:
             if exc.status == 409:
                 raise Conflict(meta["name"]) from exc
             raise
+        return str(cast(Manifest, written)["metadata"]["resourceVersion"])
 
     async def create(self, manifest: Manifest) -> None:
         """Create a Pod, Service or PodDisruptionBudget; AlreadyExists is success."""
@@ -103,7 +108,17 @@ class Kube:
         data = found.data or {}
         return base64.b64decode(data.get("token", "")).decode()
 
-    async def scale(self, namespace: str, name: str, replicas: int) -> None:
-        """Write spec.replicas through the scale subresource, the same path as kubectl scale and HPA."""
-        await asyncio.to_thread(self.custom.patch_namespaced_custom_object_scale, GROUP, VERSION, namespace,
-                                PLURAL, name, {"spec": {"replicas": replicas}})
+    async def scale(self, namespace: str, name: str, replicas: int, resource_version: str) -> None:
+        """Write spec.replicas through the scale subresource, the same path as kubectl scale and HPA.
+
+        Bound to the resourceVersion the decision was made on: if another writer changed the pool
+        in between, the API server answers Conflict instead of letting us overwrite its count.
+        """
+        body = {"metadata": {"resourceVersion": resource_version}, "spec": {"replicas": replicas}}
+        try:
+            await asyncio.to_thread(self.custom.patch_namespaced_custom_object_scale, GROUP, VERSION, namespace,
+                                    PLURAL, name, body)
+        except ApiException as exc:
+            if exc.status == 409:
+                raise Conflict(name) from exc
+            raise

@@ -132,13 +132,14 @@ class PoolReconciler:
         plan = reconcile(observed)
         scaling = await self.autoscaler.turn(observed, endpoints)
         plan = replace(plan, status=scaling.applied_to(plan.status))
+        version = str(meta.get("resourceVersion", ""))
         if plan.status != status:
-            await self.kube.replace_status(pool, status_wire(plan.status))
+            version = await self.kube.replace_status(pool, status_wire(plan.status))
         self.autoscaler.committed(scaling)
         metrics.observe_finished(self.namespace, self.name,
                                  [h for h in plan.status.history if h not in status.history])
         metrics.observe_status(self.namespace, self.name, spec, plan.status)
-        for event in (*plan.events, *await self.autoscaler.actuate(scaling)):
+        for event in (*plan.events, *await self.autoscaler.actuate(scaling, version)):
             await self.emit(pool, event)
         await asyncio.gather(*(self.carry_out(a, meta["uid"], spec, endpoints) for a in plan.actions))
         return plan.status.operation is not None or bool(plan.actions)
