@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from genrm_cluster.cluster import LocalCluster
+from genrm_cluster.controlplane import free_port
 from kubernetes import client, config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,12 +37,6 @@ class Tally:
 
 
 TALLY = Tally()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 90.0, interval: float = 0.5) -> T:

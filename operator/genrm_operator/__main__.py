@@ -9,7 +9,7 @@ import logging
 import kopf
 from prometheus_client import start_http_server
 
-from .shell import handlers
+from .shell import handlers  # noqa: F401  (importing registers the kopf handlers)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -26,7 +26,6 @@ def main(argv: list[str] | None = None) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_host)
-    assert handlers.RECONCILERS is not None  # handlers registered on import
     asyncio.run(kopf.operator(
         standalone=True,
         clusterwide=not args.namespace,

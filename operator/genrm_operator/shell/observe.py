@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
+from ..core.clock import from_rfc3339
 from ..core.model import PodView, Verification
 from ..core.names import (
     EVER_PUBLISHED_ANNOTATION,
@@ -13,10 +13,6 @@ from ..core.names import (
     VERIFICATION_ANNOTATION,
     VERIFICATION_MESSAGE_ANNOTATION,
 )
-
-
-def _seconds(stamp: str | None) -> float:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else 0.0
 
 
 def _condition(status: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
@@ -38,7 +34,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
     return PodView(
         name=meta["name"],
         uid=meta.get("uid", ""),
-        created_at=_seconds(meta.get("creationTimestamp")),
+        created_at=from_rfc3339(stamp) if (stamp := meta.get("creationTimestamp")) else 0.0,
         phase=status.get("phase", "Pending"),
         ready=_condition(status, "Ready").get("status") == "True",
         published=labels.get(PUBLISHED_LABEL) == "true",

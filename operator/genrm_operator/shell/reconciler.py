@@ -15,7 +15,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any
 
 from ..api.pool import GenRMPoolSpec, GenRMPoolStatus
 from ..core import children
@@ -55,11 +54,6 @@ PodSource = Callable[[], list[Manifest]]
 The index may lag the operator's own writes by an event; that is safe because pod
 names are deterministic (a repeated create is AlreadyExists) and every action is
 idempotent and bound to a pod UID."""
-
-
-def status_wire(status: GenRMPoolStatus) -> dict[str, Any]:
-    """Status as written: absent optional fields are left out (PUT replaces the whole status)."""
-    return status.to_wire()
 
 
 class PoolReconciler:
@@ -134,7 +128,7 @@ class PoolReconciler:
         plan = replace(plan, status=scaling.applied_to(plan.status))
         version = str(meta.get("resourceVersion", ""))
         if plan.status != status:
-            version = await self.kube.replace_status(pool, status_wire(plan.status))
+            version = await self.kube.replace_status(pool, plan.status.to_wire())
         self.autoscaler.committed(scaling)
         metrics.observe_finished(self.namespace, self.name,
                                  [h for h in plan.status.history if h not in status.history])
