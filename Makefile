@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt 2>/dev/nu
 CLUSTER ?= local
 VERSION := $(shell sed -n "s/^version = \"\(.*\)\"/\1/p" pyproject.toml)
 
-.PHONY: venv tools test unit lint e2e dev crds bench-gateway bench-autoscaler images control-plane clean
+.PHONY: venv tools test unit lint e2e dev crds sglang-contract bench-gateway bench-autoscaler images control-plane clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,10 @@ dev: venv control-plane
 ## crds: regenerate crds/ and the chart's copy from the pydantic models
 crds: venv
 	$(PY) -m genrm_operator.crdgen
+
+## sglang-contract: re-read the pinned SGLang wheel (network) into engine/genrm_sim/sglang_contract.json
+sglang-contract: venv
+	$(PY) hack/sglang_contract.py
 
 bench-gateway: venv
 	$(PY) -m genrm_gateway.bench
