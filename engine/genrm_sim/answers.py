@@ -1,9 +1,12 @@
-"""Judge-like answers that are a pure function of their inputs.
+"""Judge-like answers and reward scores that are a pure function of what SGLang makes them depend on.
 
-Why: the operator verifies a new replica by sending canary judge requests and comparing the
-answers with a reference replica. That check is only testable without GPUs if the simulator's
-answers are reproducible across processes (same seed, byte-identical) and can be made to differ on
-purpose (a different seed for sampled requests, or ``--sim-perturb``).
+Why: the operator verifies a new replica by sending canary requests and comparing the answers with
+a reference replica, so the simulator must reproduce when SGLang's answers agree across replicas
+and when they do not. With ``--enable-deterministic-inference`` SGLang answers a greedy request
+from the prompt alone and a sampled one from the prompt and the request's ``sampling_seed``
+(default 42), never from ``--random-seed``. Without it, SGLang ignores ``sampling_seed`` and samples
+from its own random stream, and batch-dependent kernels make scores differ in their last digits, so
+replicas disagree. ``--sim-perturb`` makes a replica answer differently on purpose.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ class AnswerKey:
     """Everything an answer depends on besides the prompt and the sampling parameters."""
 
     model: str
-    random_seed: int
+    deterministic: bool
     perturbed: bool = False
 
 
@@ -71,16 +74,21 @@ def count_prompt_tokens(prompt: object) -> int:
     return max(1, len(json.dumps(prompt, separators=(",", ":")).split()))
 
 
-def judge_answer(key: AnswerKey, prompt: object, params: SamplingParams) -> Answer:
-    """The answer for ``prompt``: greedy answers ignore the seeds, sampled ones use both."""
-    seeds: list[int | None] = [] if params.greedy else [key.random_seed, params.sampling_seed]
-    material = json.dumps(
-        [key.model, prompt, params.temperature, params.top_p, params.top_k, seeds, key.perturbed],
-        sort_keys=True,
-        separators=(",", ":"),
-        default=str,
-    )
-    rng = random.Random(hashlib.sha256(material.encode()).digest())
+def _material(*parts: object) -> random.Random:
+    encoded = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return random.Random(hashlib.sha256(encoded).digest())
+
+
+def judge_answer(key: AnswerKey, prompt: object, params: SamplingParams, entropy: int) -> Answer:
+    """The answer for ``prompt``; ``entropy`` is the engine's own randomness, used only where SGLang's
+    answer depends on it (sampling without deterministic inference)."""
+    if params.greedy:
+        seeds: list[int | None] = []
+    elif key.deterministic:
+        seeds = [params.sampling_seed]
+    else:
+        seeds = [entropy]
+    rng = _material(key.model, prompt, params.temperature, params.top_p, params.top_k, seeds, key.perturbed)
     words: list[str] = []
     for sentence in range(rng.randint(2, 4)):
         opener = rng.choice(_OPENERS)
@@ -95,3 +103,12 @@ def judge_answer(key: AnswerKey, prompt: object, params: SamplingParams) -> Answ
     if len(tokens) > params.max_new_tokens:
         return Answer(tuple(tokens[: params.max_new_tokens]), "length")
     return Answer(tuple(tokens), "stop")
+
+
+def reward_score(key: AnswerKey, prompt: object, entropy: int) -> float:
+    """A reward model's score: a function of the prompt, plus batch-dependent noise in the last digits
+    unless inference is deterministic."""
+    score = round(_material(key.model, prompt, key.perturbed).uniform(-8.0, 8.0), 4)
+    if key.deterministic:
+        return score
+    return score + (entropy % 1000 - 500) * 1e-7

@@ -7,16 +7,23 @@ enough for the gateway benchmark to measure the gateway rather than the simulato
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import random
 import secrets
+import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import StreamingResponse
+from fastapi.routing import APIRoute
+from starlette.background import BackgroundTask
 
-from genrm_sim.answers import AnswerKey, SamplingParams, count_prompt_tokens, judge_answer
+from genrm_sim import contract
+from genrm_sim.answers import Answer, AnswerKey, SamplingParams, count_prompt_tokens, judge_answer, reward_score
 from genrm_sim.config import SimConfig
 from genrm_sim.dialects import (
     BadRequest,
@@ -26,13 +33,20 @@ from genrm_sim.dialects import (
     Dialect,
     NativeGenerate,
     Outcome,
+    classify_response,
+    parse_classify,
 )
 from genrm_sim.metrics import SimMetrics
-from genrm_sim.model import Job, Scheduler
+from genrm_sim.model import DuplicateRequest, Job, Scheduler
 
-SIM_VERSION = "0.1.0-genrm-sim"
-# SGLang's /health_generate probe: one greedy token for input_ids=[0].
-_HEALTH_PROBE = judge_answer(AnswerKey("health", 0), [0], SamplingParams(temperature=0.0, max_new_tokens=1))
+SIM_VERSION = f"{contract.load().version}+genrm-sim"
+HEALTH_CHECK_RID_PREFIX = "HEALTH_CHECK"
+# SGLang's /health generation: one greedy token for input_ids=[0], left out of the request metrics.
+_HEALTH_PROBE = judge_answer(AnswerKey("health", True), [0], SamplingParams(temperature=0.0, max_new_tokens=1), 0)
+_FORWARD_PASS = Answer((), "stop")
+"""A classification: one forward pass (the time to first token), no generated tokens."""
+_NOT_JSON = ("[{'loc': ['header', 'content-type'], 'msg': \"Unsupported Media Type: Only 'application/json' "
+             "is allowed\", 'type': 'value_error'}]")
 
 
 def _json(payload: Any, status: int = 200) -> Response:
@@ -48,6 +62,10 @@ def _sse(payload: Any) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
+def _is_json(request: Request) -> bool:
+    return request.headers.get("content-type", "").lower().split(";", 1)[0].strip() == "application/json"
+
+
 class Simulator:
     """Binds the scheduler, the answer function and the dialects to one configuration."""
 
@@ -56,8 +74,9 @@ class Simulator:
         self.metrics = SimMetrics(config)
         self.scheduler = Scheduler(config, self.metrics)
         self.metrics.watch(self.scheduler)
-        self._key = AnswerKey(config.served_model_name, config.random_seed, config.perturb)
+        self._key = AnswerKey(config.served_model_name, config.enable_deterministic_inference, config.perturb)
         self._failures = random.Random(config.random_seed)
+        self._started = time.time()
 
     def endpoint(self, dialect: Dialect) -> Callable[[Request], Awaitable[Response]]:
         """A route handler that answers in ``dialect``."""
@@ -67,26 +86,64 @@ class Simulator:
 
         return generate
 
+    async def _body(self, request: Request) -> dict[str, Any]:
+        """The JSON object of a request, with SGLang's refusals (``json_only`` routes need the header)."""
+        if contract.load().route(request.url.path).json_only and not _is_json(request):
+            raise BadRequest(_NOT_JSON)
+        body = json.loads(await request.body())
+        if not isinstance(body, dict):
+            raise BadRequest("the body must be a JSON object")
+        return body
+
     async def handle(self, request: Request, dialect: Dialect) -> Response:
         try:
-            body = json.loads(await request.body())
-            if not isinstance(body, dict):
-                raise BadRequest("the body must be a JSON object")
-            call = dialect.parse(body, self.config.served_model_name,
-                                 self.config.enable_deterministic_inference)
+            body = await self._body(request)
+            call = dialect.parse(body, self.config.served_model_name, self.config.enable_deterministic_inference)
+            if not self.config.is_generation:
+                raise BadRequest("This model is not a generation model: it serves /classify (genrm-sim)")
         except (ValueError, BadRequest) as exc:
-            return _error(400, str(exc), "BadRequestError")
+            return _json(dialect.error(exc), 400)
         if self.config.error_rate and self._failures.random() < self.config.error_rate:
             return _error(500, "injected engine failure", "InternalServerError")
-        job = Job(
-            rid=call.rid or secrets.token_hex(16),
-            prompt_tokens=count_prompt_tokens(call.prompt),
-            answer=judge_answer(self._key, call.prompt, call.params),
-        )
+        job = Job(rid=call.rid or uuid.uuid4().hex, prompt_tokens=count_prompt_tokens(call.prompt),
+                  answer=judge_answer(self._key, call.prompt, call.params, secrets.randbits(64)), stream=call.stream)
+        try:
+            self.scheduler.submit(job)
+        except DuplicateRequest as exc:
+            return _json(dialect.error(exc), 400)
         if call.stream:
-            return StreamingResponse(self._stream(dialect, call, job), media_type="text/event-stream")
+            return StreamingResponse(self._stream(dialect, call, job), media_type="text/event-stream",
+                                     background=BackgroundTask(self.scheduler.release, job))
         tokens = [token async for token in self.scheduler.generate(job)]
         return _json(dialect.response(call, self._outcome(job, "".join(tokens), finished=True)))
+
+    async def classify(self, request: Request, openai: bool) -> Response:
+        """SGLang's reward-model route: one forward pass per input, scores instead of text."""
+        try:
+            body = await self._body(request)
+            call = parse_classify(body, self.config.served_model_name, openai)
+            if self.config.is_generation:
+                raise BadRequest("This model does not appear to be an embedding model by default. Please add "
+                                 "`--is-embedding` when launching the server or try another model.")
+        except (ValueError, BadRequest) as exc:
+            return _json({"error": {"message": str(exc)}}, 400)
+        base = call.rid or uuid.uuid4().hex
+        jobs = [Job(rid=base if len(call.inputs) == 1 else f"{base}-{i}", prompt_tokens=count_prompt_tokens(item),
+                    answer=_FORWARD_PASS) for i, item in enumerate(call.inputs)]
+        try:
+            for job in jobs:
+                self.scheduler.submit(job)
+        except DuplicateRequest as exc:
+            for job in jobs:
+                self.scheduler.release(job)
+            return _json({"error": {"message": str(exc)}}, 400)
+        await asyncio.gather(*(self._run(job) for job in jobs))
+        scores = [reward_score(self._key, item, secrets.randbits(64)) for item in call.inputs]
+        return _json(classify_response(call, [j.rid for j in jobs], scores, [j.prompt_tokens for j in jobs], openai))
+
+    async def _run(self, job: Job) -> None:
+        async for _ in self.scheduler.generate(job):
+            pass
 
     async def _stream(self, dialect: Dialect, call: Call, job: Job) -> AsyncIterator[bytes]:
         text = ""
@@ -102,68 +159,136 @@ class Simulator:
         reason = ("abort" if job.aborted.is_set() else job.answer.finish_reason) if finished else None
         return Outcome(job.rid, text, reason, job.prompt_tokens, job.generated)
 
-    def health(self) -> Response:
+    @property
+    def healthy(self) -> bool:
+        """SGLang's ``is_healthy``: started, not shutting down, last health check passed."""
+        return self.scheduler.warm and not self.scheduler.exiting and not self.scheduler.unhealthy
+
+    async def health(self) -> Response:
+        """SGLang's ``/health`` (= ``/health_generate``): 503 while starting or shutting down, else a
+        one-token generation through the scheduler, checked once a second until any request produces
+        output (200) or the health-check timeout passes (503, and the engine counts as unhealthy)."""
         if self.scheduler.exiting or not self.scheduler.warm:
             return Response(status_code=503)
-        return Response(status_code=200)
+        tic = time.monotonic()
+        probe = Job(rid=f"{HEALTH_CHECK_RID_PREFIX}_{uuid.uuid4().hex}", prompt_tokens=1, answer=_HEALTH_PROBE,
+                    log_metrics=False)
+        self.scheduler.submit(probe)
+        task = asyncio.ensure_future(self._run(probe))
+        try:
+            while time.monotonic() < tic + contract.load().health_check_timeout_seconds:
+                await asyncio.sleep(1.0)
+                if self.scheduler.last_output > tic:
+                    self.scheduler.unhealthy = False
+                    return Response(status_code=200)
+            self.scheduler.unhealthy = True
+            return Response(status_code=503)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            self.scheduler.release(probe)
 
     def model_info(self) -> dict[str, Any]:
+        generation = self.config.is_generation
         return {
             "model_path": self.config.model_path,
+            "served_model_name": self.config.served_model_name,
             "tokenizer_path": self.config.model_path,
-            "is_generation": True,
+            "is_generation": generation,
             "preferred_sampling_params": None,
             "weight_version": self.config.revision or "default",
+            "load_format": "auto",
+            "reasoning_parser": None,
+            "tool_call_parser": None,
+            "disaggregation_mode": "null",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": "llama",
+            "architectures": ["LlamaForCausalLM" if generation else "LlamaForSequenceClassification"],
         }
 
     def server_info(self) -> dict[str, Any]:
         return self.config.server_args() | {
+            "startup_time": self._started,
             "internal_states": [{"dp_rank": 0, "num_running_reqs": self.scheduler.running}],
             "version": SIM_VERSION,
+            "frontend": "python",
         }
 
-    def load(self) -> list[dict[str, int]]:
-        """SGLang's per-DP-rank load; ``num_reqs`` counts running and waiting requests."""
-        scheduler = self.scheduler
-        return [{
-            "dp_rank": 0,
-            "num_reqs": scheduler.running + scheduler.queued,
-            "num_waiting_reqs": scheduler.queued,
-            "num_tokens": scheduler.used_tokens,
-        }]
+    def loads(self) -> dict[str, Any]:
+        """SGLang's ``/v1/loads`` (JSON, all DP ranks, core section only)."""
+        scheduler, config = self.scheduler, self.config
+        used = scheduler.used_tokens
+        return {
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+            "version": SIM_VERSION,
+            "accelerator": None,
+            "num_accelerators": config.tp_size,
+            "loads": [{
+                "timestamp": time.time(), "dp_rank": 0,
+                "num_running_reqs": scheduler.running, "num_waiting_reqs": scheduler.queued,
+                "num_waiting_uncached_tokens": 0, "num_used_tokens": used, "num_total_tokens": used,
+                "num_active_tokens": used, "num_prealloc_ready_tokens": 0,
+                "max_total_num_tokens": config.max_total_tokens, "max_running_requests": config.max_running,
+                "token_usage": used / config.max_total_tokens, "gen_throughput": self.metrics.throughput(),
+                "cache_hit_rate": 0.0, "utilization": scheduler.running / config.max_running,
+                "total_prefill_uncached_tokens": 0, "total_prefill_busy_us": 0, "decode_moments": None,
+            }],
+        }
+
+
+def _not_modelled(path: str) -> Callable[[], Awaitable[Response]]:
+    async def answer() -> Response:
+        return _json({"error": {"message": f"genrm-sim does not model SGLang's {path}"}}, 501)
+
+    return answer
 
 
 def create_app(config: SimConfig) -> tuple[FastAPI, Simulator]:
-    """The ASGI app and the simulator state it serves (the CLI needs the latter for SIGTERM)."""
+    """The ASGI app and the simulator state it serves (the CLI needs the latter for SIGTERM).
+
+    It answers every route of the pinned SGLang's contract: the ones this project uses as SGLang
+    does, the rest with 501, so "SGLang has no such route" (404) stays distinguishable.
+    """
     sim = Simulator(config)
     app = FastAPI(title="genrm-sim", docs_url=None, redoc_url=None, openapi_url=None)
-    dialects: dict[str, Dialect] = {
-        "/generate": NativeGenerate(),
-        "/v1/chat/completions": ChatCompletions(),
-        "/v1/completions": Completions(),
+    dialects: dict[str, tuple[Dialect, list[str]]] = {
+        "/generate": (NativeGenerate(), ["POST", "PUT"]),
+        "/v1/chat/completions": (ChatCompletions(), ["POST"]),
+        "/v1/completions": (Completions(), ["POST"]),
     }
-    for path, dialect in dialects.items():
-        app.add_api_route(path, sim.endpoint(dialect), methods=["POST"])
+    for path, (dialect, methods) in dialects.items():
+        app.add_api_route(path, sim.endpoint(dialect), methods=methods)
+
+    @app.api_route("/classify", methods=["POST", "PUT"])
+    async def classify(request: Request) -> Response:
+        return await sim.classify(request, openai=False)
+
+    @app.post("/v1/classify")
+    async def v1_classify(request: Request) -> Response:
+        return await sim.classify(request, openai=True)
 
     @app.get("/health")
-    async def health() -> Response:
-        return sim.health()
-
     @app.get("/health_generate")
-    async def health_generate() -> Response:
-        response = sim.health()
-        if response.status_code == 200:
-            probe = Job(rid=f"health-{secrets.token_hex(8)}", prompt_tokens=1, answer=_HEALTH_PROBE)
-            async for _ in sim.scheduler.generate(probe):
-                pass
-        return response
+    async def health() -> Response:
+        return await sim.health()
 
+    @app.get("/ready")
+    async def ready() -> Response:
+        return Response(status_code=200 if sim.healthy else 503)
+
+    @app.get("/ping")
+    async def ping() -> Response:
+        return Response(status_code=200 if sim.healthy else 503)
+
+    @app.get("/model_info")
     @app.get("/get_model_info")
-    async def get_model_info() -> Response:
+    async def model_info() -> Response:
         return _json(sim.model_info())
 
-    @app.get("/get_server_info")
     @app.get("/server_info")
+    @app.get("/get_server_info")
     async def server_info() -> Response:
         return _json(sim.server_info())
 
@@ -173,9 +298,13 @@ def create_app(config: SimConfig) -> tuple[FastAPI, Simulator]:
             "id": config.served_model_name, "object": "model", "created": 0,
             "owned_by": "sglang", "root": config.model_path, "max_model_len": config.max_total_tokens}]})
 
-    @app.get("/get_load")
-    async def get_load() -> Response:
-        return _json(sim.load())
+    @app.get("/v1/loads")
+    async def loads() -> Response:
+        return _json(sim.loads())
+
+    @app.api_route("/", methods=["GET", "HEAD"])
+    async def root() -> Response:
+        return _json("SGLang is running")
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:
@@ -188,10 +317,15 @@ def create_app(config: SimConfig) -> tuple[FastAPI, Simulator]:
         sim.scheduler.abort(rid if isinstance(rid, str) else None, abort_all)
         return Response(status_code=200)
 
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        if not config.enable_metrics:
-            return _error(404, "metrics are disabled; pass --enable-metrics", "NotFoundError")
-        return Response(sim.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    if config.enable_metrics:
+        @app.get("/metrics")
+        async def metrics() -> Response:
+            return Response(sim.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    modelled = {(route.path, method) for route in app.routes if isinstance(route, APIRoute)
+                for method in route.methods or ()}
+    for route in contract.load().routes:
+        methods = [m for m in route.methods if (route.path, m) not in modelled and m != "WEBSOCKET"]
+        if methods and not route.conditional:
+            app.add_api_route(route.path, _not_modelled(route.path), methods=methods)
     return app, sim

@@ -19,6 +19,9 @@ class SimConfig:
     enable_deterministic_inference: bool = False
     tp_size: int = 1
     revision: str | None = None
+    attention_backend: str | None = None
+    is_generation: bool = True
+    """False for a reward/classification model: it answers ``/classify``, not ``/generate``."""
     startup_seconds: float = 0.0
     ttft_ms: float = 0.0
     itl_ms: float = 0.0
@@ -28,12 +31,13 @@ class SimConfig:
     hang: bool = False
     error_rate: float = 0.0
     perturb: bool = False
+    sigterm_poll_seconds: float = 5.0
 
     def server_args(self) -> dict[str, Any]:
         """The SGLang ``server_args`` view, so canary checks can compare replicas' launch args."""
         args = asdict(self)
-        sim_only = ("startup_seconds", "ttft_ms", "itl_ms", "max_running", "max_total_tokens",
-                    "crash_after", "hang", "error_rate", "perturb")
+        sim_only = ("startup_seconds", "ttft_ms", "itl_ms", "max_running", "max_total_tokens", "is_generation",
+                    "crash_after", "hang", "error_rate", "perturb", "sigterm_poll_seconds")
         sim = {name: args.pop(name) for name in sim_only}
         args["max_running_requests"] = sim["max_running"]
         args["max_total_tokens"] = sim["max_total_tokens"]

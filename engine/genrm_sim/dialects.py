@@ -1,8 +1,9 @@
-"""The three request/response shapes the engine speaks: SGLang native, OpenAI chat, OpenAI completions.
+"""The request/response shapes the engine speaks: SGLang native and OpenAI generation, and
+SGLang's reward-model classification (``/classify``, ``/v1/classify``).
 
-Why: a judge client may use any of them and the gateway proxies all three, so the simulator must
-reproduce each one's field names, defaults and streaming framing; the generation underneath is
-shared.
+Why: a judge client may use any of them and the gateway proxies them all, so the simulator must
+reproduce each one's field names, defaults, streaming framing and refusals (SGLang rejects unknown
+``sampling_params`` keys with 400); the generation underneath is shared.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
+from genrm_sim import contract
 from genrm_sim.answers import DEFAULT_MAX_NEW_TOKENS, SamplingParams
 
 JSON = dict[str, Any]
@@ -22,6 +24,23 @@ DETERMINISTIC_DEFAULT_SEED = 42
 
 class BadRequest(ValueError):
     """The body does not describe a request this API accepts (HTTP 400)."""
+
+
+class ContractError(BadRequest):
+    """The body breaks SGLang's ``/generate`` schema (checked before anything else, own 400 shape)."""
+
+
+def _unknown_field(key: str, fields: list[str]) -> ContractError:
+    """SGLang's (serde's) text for a key outside a strict schema."""
+    listed = ", ".join(f"`{f}`" for f in fields)
+    return ContractError(f"unknown field `{key}`, expected one of {listed}")
+
+
+def _strict_sampling_params(sampling: JSON) -> None:
+    known = contract.load().sampling_params
+    for key in sampling:
+        if key not in known:
+            raise _unknown_field(key, sorted(known))
 
 
 @dataclass(frozen=True)
@@ -81,6 +100,10 @@ class Dialect(ABC):
     @abstractmethod
     def chunk(self, call: Call, outcome: Outcome, delta: str) -> JSON: ...
 
+    def error(self, exc: ValueError) -> JSON:
+        """The body of a 400 (OpenAI's ``ErrorResponse`` shape; the native routes override it)."""
+        return {"object": "error", "message": str(exc), "type": "Bad Request", "param": None, "code": 400}
+
     def closing_chunks(self, call: Call, outcome: Outcome) -> list[JSON]:
         """Chunks sent after the last token, before ``[DONE]``."""
         return []
@@ -96,6 +119,7 @@ class NativeGenerate(Dialect):
         sampling = body.get("sampling_params") or {}
         if not isinstance(sampling, dict):
             raise BadRequest("sampling_params must be an object")
+        _strict_sampling_params(sampling)
         params = SamplingParams(
             temperature=_number(sampling, "temperature", 1.0),
             top_p=_number(sampling, "top_p", 1.0),
@@ -107,6 +131,9 @@ class NativeGenerate(Dialect):
 
     def response(self, call: Call, outcome: Outcome) -> JSON:
         return {"text": outcome.text, "meta_info": self._meta(outcome)}
+
+    def error(self, exc: ValueError) -> JSON:
+        return {"error": str(exc) if isinstance(exc, ContractError) else {"message": str(exc)}}
 
     def chunk(self, call: Call, outcome: Outcome, delta: str) -> JSON:
         """SGLang streams the cumulative text, so a chunk is the response so far."""
@@ -213,3 +240,38 @@ class Completions(_OpenAI):
 
     def choice(self, text: str, finish_reason: str | None, streaming: bool) -> JSON:
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+
+@dataclass(frozen=True)
+class ClassifyCall:
+    """One parsed ``/classify`` or ``/v1/classify`` request (a single input or a batch)."""
+
+    rid: str | None
+    inputs: tuple[object, ...]
+    batch: bool
+    model: str
+
+
+def parse_classify(body: JSON, model: str, openai: bool) -> ClassifyCall:
+    """``/classify`` takes SGLang's embedding input (``text`` or ``input_ids``); ``/v1/classify`` ``input``."""
+    value = body.get("input") if openai else body.get("text", body.get("input_ids"))
+    if value is None:
+        raise BadRequest("input is required" if openai else "either text or input_ids is required")
+    batch = isinstance(value, list) and bool(value) and not all(isinstance(t, int) for t in value)
+    return ClassifyCall(_rid(body), tuple(value) if batch else (value,), batch, str(body.get("model") or model))
+
+
+def classify_response(call: ClassifyCall, rids: list[str], scores: list[float], prompt_tokens: list[int],
+                      openai: bool) -> JSON | list[JSON]:
+    """Native: the raw score as a one-element ``embedding``. OpenAI: SGLang's softmax over the labels,
+    which for a one-label reward model is always ``[1.0]`` (so reward clients use the native route)."""
+    if openai:
+        return {
+            "id": f"classify-{rids[0]}", "object": "list", "created": int(time.time()), "model": call.model,
+            "data": [{"index": i, "label": "LABEL_0", "probs": [1.0], "num_classes": 1} for i in range(len(scores))],
+            "usage": {"prompt_tokens": sum(prompt_tokens), "completion_tokens": 0,
+                      "total_tokens": sum(prompt_tokens)},
+        }
+    items = [{"embedding": [score], "meta_info": {"id": rid, "prompt_tokens": tokens, "finish_reason": None}}
+             for rid, score, tokens in zip(rids, scores, prompt_tokens, strict=True)]
+    return items if call.batch else items[0]

@@ -1,8 +1,11 @@
 """SGLang's Prometheus series (``sglang:`` prefix), so dashboards and the autoscaler see one schema.
 
-Why: the gateway re-exports the engine's load and the autoscaler reads it; both must work the same
-against the simulator and real SGLang, so names, types and the ``model_name`` label follow SGLang.
-Gauges are computed at scrape time from the scheduler, so the request path pays nothing for them.
+Why: the gateway re-exports the engine's load and the autoscaler and dashboards read it; all must
+work the same against the simulator and real SGLang, so names, types and label names follow the
+pinned SGLang's metrics collectors (checked against ``sglang_contract.json`` by the contract tests):
+scheduler series carry ``model_name, engine_type, tp_rank, pp_rank, moe_ep_rank``, request series
+``model_name, engine_type, is_streaming``. Gauges are computed at scrape time from the scheduler, so
+the request path pays nothing for them.
 """
 
 from __future__ import annotations
@@ -35,6 +38,11 @@ class LoadView(Protocol):
 class FinishedJob(Protocol):
     prompt_tokens: int
     generated: int
+    stream: bool
+
+
+def _streaming(job: FinishedJob) -> str:
+    return "true" if job.stream else "false"
 
 
 class _LoadCollector(Collector):
@@ -44,7 +52,6 @@ class _LoadCollector(Collector):
         self._metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
-        model = self._config.served_model_name
         used = self._load.used_tokens
         values = {
             "num_running_reqs": ("Requests in the running batch", self._load.running),
@@ -54,9 +61,10 @@ class _LoadCollector(Collector):
             "token_usage": ("KV-cache usage fraction", used / self._config.max_total_tokens),
             "gen_throughput": ("Decode throughput in tokens per second", self._metrics.throughput()),
         }
+        labels = self._metrics.scheduler_labels
         for name, (doc, value) in values.items():
-            family = GaugeMetricFamily(f"sglang:{name}", doc, labels=["model_name"])
-            family.add_metric([model], float(value))
+            family = GaugeMetricFamily(f"sglang:{name}", doc, labels=list(labels))
+            family.add_metric(list(labels.values()), float(value))
             yield family
 
 
@@ -66,34 +74,50 @@ class SimMetrics:
     def __init__(self, config: SimConfig) -> None:
         self._config = config
         self.registry = CollectorRegistry()
-        labels = {"model_name": config.served_model_name}
+        self.scheduler_labels = {"model_name": config.served_model_name, "engine_type": "unified",
+                                 "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
+        request_labels = ["model_name", "engine_type", "is_streaming"]
 
-        def histogram(name: str, doc: str) -> Histogram:
-            return Histogram(f"sglang:{name}", doc, ["model_name"], registry=self.registry,
-                             buckets=_LATENCY_BUCKETS).labels(**labels)
+        def histogram(name: str, doc: str, labels: list[str]) -> Histogram:
+            return Histogram(f"sglang:{name}", doc, labels, registry=self.registry, buckets=_LATENCY_BUCKETS)
 
         def counter(name: str, doc: str) -> Counter:
-            return Counter(f"sglang:{name}", doc, ["model_name"], registry=self.registry).labels(**labels)
+            return Counter(f"sglang:{name}", doc, request_labels, registry=self.registry)
 
-        self.time_to_first_token = histogram("time_to_first_token_seconds", "Time to first token")
-        self.e2e_request_latency = histogram("e2e_request_latency_seconds", "End-to-end request latency")
-        self.queue_time = histogram("queue_time_seconds", "Time spent in the waiting queue")
+        self.time_to_first_token = histogram("time_to_first_token_seconds", "Time to first token", request_labels)
+        self.e2e_request_latency = histogram("e2e_request_latency_seconds", "End-to-end request latency",
+                                             request_labels)
+        self.queue_time = histogram("queue_time_seconds", "Time spent in the waiting queue",
+                                    list(self.scheduler_labels)).labels(**self.scheduler_labels)
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens processed")
         self.generation_tokens = counter("generation_tokens", "Tokens generated")
         self.num_requests = counter("num_requests", "Requests finished")
+        for streaming in ("false", "true"):  # series exist (at zero) before the first request
+            labels = {"model_name": config.served_model_name, "engine_type": "unified", "is_streaming": streaming}
+            for family in (self.time_to_first_token, self.e2e_request_latency, self.prompt_tokens,
+                           self.generation_tokens, self.num_requests):
+                family.labels(**labels)
         self._generated = 0
         self._rate_mark = (time.monotonic(), 0)
         self._rate = 0.0
+
+    def _request(self, job: FinishedJob) -> dict[str, str]:
+        return {"model_name": self._config.served_model_name, "engine_type": "unified",
+                "is_streaming": _streaming(job)}
 
     def watch(self, load: LoadView) -> None:
         """Export the scheduler's live load as gauges."""
         self.registry.register(_LoadCollector(load, self._config, self))
 
+    def first_token(self, job: FinishedJob, seconds: float) -> None:
+        self.time_to_first_token.labels(**self._request(job)).observe(seconds)
+
     def finished(self, job: FinishedJob, seconds: float) -> None:
-        self.e2e_request_latency.observe(seconds)
-        self.prompt_tokens.inc(job.prompt_tokens)
-        self.generation_tokens.inc(job.generated)
-        self.num_requests.inc()
+        labels = self._request(job)
+        self.e2e_request_latency.labels(**labels).observe(seconds)
+        self.prompt_tokens.labels(**labels).inc(job.prompt_tokens)
+        self.generation_tokens.labels(**labels).inc(job.generated)
+        self.num_requests.labels(**labels).inc()
         self._generated += job.generated
 
     def throughput(self) -> float:

@@ -3,7 +3,8 @@
 Why: the gateway's drain and the autoscaler both read the engine's load (running and queued
 requests, KV usage), and tests need requests that are provably in flight. The model is therefore
 a real scheduler over asyncio tasks, not a fixed sleep, and it knows each request by its ``rid``
-so ``/abort_request`` works like SGLang's.
+so ``/abort_request`` works like SGLang's and a second request under an id still in flight is refused
+(SGLang's "Duplicate request ID").
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ from genrm_sim.config import SimConfig
 from genrm_sim.metrics import SimMetrics
 
 
+class DuplicateRequest(ValueError):
+    """A request id that names a request still in flight."""
+
+
 @dataclass
 class Job:
     """One generation request while the scheduler knows it."""
@@ -28,6 +33,9 @@ class Job:
     rid: str
     prompt_tokens: int
     answer: Answer
+    stream: bool = False
+    log_metrics: bool = True
+    """False for SGLang's internal health-check generation, which its request metrics leave out."""
     generated: int = 0
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -46,6 +54,9 @@ class Scheduler:
         self._idle = asyncio.Event()
         self._idle.set()
         self.exiting = False
+        self.unhealthy = False
+        self.last_output = 0.0
+        """``time.monotonic()`` of the last token any request produced (what SGLang's health check waits for)."""
 
     @property
     def warm(self) -> bool:
@@ -58,6 +69,11 @@ class Scheduler:
     @property
     def queued(self) -> int:
         return len(self._jobs) - self._running
+
+    @property
+    def pending(self) -> int:
+        """Requests known to the engine, running or queued."""
+        return len(self._jobs)
 
     @property
     def used_tokens(self) -> int:
@@ -77,30 +93,43 @@ class Scheduler:
             job.aborted.set()
         return len(victims)
 
-    async def generate(self, job: Job) -> AsyncIterator[str]:
-        """Yield the job's tokens at the modelled pace; stops early (no error) when aborted."""
+    def submit(self, job: Job) -> None:
+        """Register ``job`` under its rid before any of it runs; refuses a rid still in flight."""
         if job.rid in self._jobs:
-            job.rid = f"{job.rid}-{id(job):x}"
+            raise DuplicateRequest(f"Duplicate request ID detected: {job.rid}")
         self._jobs[job.rid] = job
         self._idle.clear()
+
+    def release(self, job: Job) -> None:
+        """Forget a submitted job (idempotent: also for a streamed job whose client left before it ran)."""
+        if self._jobs.get(job.rid) is job:
+            del self._jobs[job.rid]
+            if not self._jobs:
+                self._idle.set()
+
+    async def generate(self, job: Job) -> AsyncIterator[str]:
+        """Yield a submitted job's tokens at the modelled pace; stops early (no error) when aborted."""
         arrived = time.monotonic()
         try:
             async with self._slots:
                 self._running += 1
                 try:
-                    self._metrics.queue_time.observe(time.monotonic() - arrived)
+                    if job.log_metrics:
+                        self._metrics.queue_time.observe(time.monotonic() - arrived)
                     async for token in self._paced(job, arrived):
+                        self.last_output = time.monotonic()
                         yield token
+                    if not job.aborted.is_set():
+                        self.last_output = time.monotonic()
                 finally:
                     self._running -= 1
         finally:
-            del self._jobs[job.rid]
-            if not self._jobs:
-                self._idle.set()
-            self._metrics.finished(job, time.monotonic() - arrived)
+            self.release(job)
+            if job.log_metrics:
+                self._metrics.finished(job, time.monotonic() - arrived)
 
     async def _paced(self, job: Job, arrived: float) -> AsyncIterator[str]:
-        self._served += 1
+        self._served += job.log_metrics
         crash_after = self._config.crash_after
         if self._config.hang:
             await job.aborted.wait()
@@ -112,7 +141,8 @@ class Scheduler:
             os._exit(1)
         for index, token in enumerate(job.answer.tokens):
             if index == 0:
-                self._metrics.time_to_first_token.observe(time.monotonic() - arrived)
+                if job.log_metrics:
+                    self._metrics.first_token(job, time.monotonic() - arrived)
             elif not await self._pause(job, self._config.itl_ms):
                 return
             job.generated += 1

@@ -27,11 +27,15 @@ def free_port() -> int:
 
 
 def wait_ready(url: str, seconds: float = 30.0, status: int = 200) -> None:
-    """Poll ``url`` until it answers ``status``; raises TimeoutError after ``seconds``."""
+    """Poll ``url`` until it answers ``status``; raises TimeoutError after ``seconds``.
+
+    One poll may take until the deadline: SGLang's ``/health`` runs a generation and answers after
+    a second or more, so a short per-request limit would never see it succeed.
+    """
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
-            if httpx.get(url, timeout=1.0).status_code == status:
+            if httpx.get(url, timeout=max(1.0, deadline - time.monotonic())).status_code == status:
                 return
         except httpx.TransportError:
             pass
@@ -67,13 +71,15 @@ class RunningSim:
 
 
 @contextmanager
-def run_sim(*args: str, env: dict[str, str] | None = None, ready_path: str | None = "/health",
+def run_sim(*args: str, env: dict[str, str] | None = None, ready_path: str | None = "/ready",
             model: str = "judge-sim") -> Iterator[RunningSim]:
-    """A ``genrm-sim`` process on a free loopback port (zero latency unless ``args`` say otherwise),
-    yielded once ``ready_path`` answers 200 (at once when None, to start neighbours meanwhile)."""
+    """A ``genrm-sim`` process on a free loopback port (zero latency and a SIGTERM watchdog that
+    looks every 0.1 s instead of SGLang's 5 s, unless ``args`` say otherwise), yielded once
+    ``ready_path`` answers 200 (at once when None, to start neighbours meanwhile)."""
     port = free_port()
     command = [sys.executable, "-m", "genrm_sim", "--model-path", model, "--host", "127.0.0.1",
-               "--port", str(port), "--enable-metrics", "--sim-ttft-ms", "0", "--sim-itl-ms", "0", *args]
+               "--port", str(port), "--enable-metrics", "--sim-ttft-ms", "0", "--sim-itl-ms", "0",
+               "--sim-sigterm-poll-seconds", "0.1", *args]
     with launched(command, env=None if env is None else os.environ | env) as proc:
         sim = RunningSim(proc, port)
         if ready_path is not None:

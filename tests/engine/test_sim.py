@@ -1,4 +1,8 @@
-"""The simulator as a real process: determinism, SGLang shapes, flags, failure injection, SIGTERM."""
+"""The simulator as a real process: SGLang's determinism rules, shapes, refusals, health, SIGTERM.
+
+Each behaviour here is SGLang 0.5.23's as read from its source (see engine/genrm_sim/README.md):
+what SGLang rejects, the simulator rejects, so a test that passes here does not crash real pods.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +17,9 @@ import httpx
 import pytest
 from genrm_sim.testing import free_port, run_sim, wait_ready
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = pytest.mark.timeout(60)
 
+DET = "--enable-deterministic-inference"
 SAMPLED = {"text": "Is 2+2=4? Answer: yes", "sampling_params": {"temperature": 0.8, "max_new_tokens": 64}}
 GREEDY = {"text": "Is 2+2=4? Answer: yes", "sampling_params": {"temperature": 0, "max_new_tokens": 64}}
 
@@ -26,20 +31,29 @@ def generate(url: str, body: dict[str, object]) -> str:
     return text
 
 
-def test_same_seed_is_byte_identical_and_other_seeds_differ_when_sampling() -> None:
-    with run_sim("--random-seed", "7") as a, run_sim("--random-seed", "7") as b, \
-            run_sim("--random-seed", "8") as c, run_sim("--random-seed", "7", "--sim-perturb") as p:
+def seeded(seed: int) -> dict[str, object]:
+    return {**SAMPLED, "sampling_params": {**SAMPLED["sampling_params"], "sampling_seed": seed}}  # type: ignore[dict-item]
+
+
+def test_deterministic_inference_answers_from_prompt_and_sampling_seed_never_random_seed() -> None:
+    with run_sim("--random-seed", "7", DET) as a, run_sim("--random-seed", "8", DET) as b, \
+            run_sim("--random-seed", "7", DET, "--sim-perturb") as p:
         chat = {"model": "judge-sim", "messages": [{"role": "user", "content": "grade: 4"}], "seed": 3}
-        for body in (SAMPLED, GREEDY):
-            assert generate(a.url, body) == generate(b.url, body)
+        for body in (SAMPLED, GREEDY, seeded(5)):
+            assert generate(a.url, body) == generate(b.url, body) == generate(a.url, body)
         assert httpx.post(f"{a.url}/v1/chat/completions", json=chat).json()["choices"] == \
             httpx.post(f"{b.url}/v1/chat/completions", json=chat).json()["choices"]
-        assert generate(a.url, SAMPLED) != generate(c.url, SAMPLED)
-        assert generate(a.url, GREEDY) == generate(c.url, GREEDY)
+        assert generate(a.url, seeded(5)) != generate(a.url, SAMPLED)
+        assert generate(a.url, seeded(42)) == generate(a.url, SAMPLED)  # SGLang's default sampling seed
         assert generate(a.url, GREEDY) != generate(p.url, GREEDY)
-        seeded = {**SAMPLED, "sampling_params": {**SAMPLED["sampling_params"], "sampling_seed": 5}}
-        assert generate(a.url, seeded) != generate(a.url, SAMPLED)
         assert "Score:" in generate(a.url, GREEDY)
+
+
+def test_without_deterministic_inference_sampled_answers_ignore_the_seed_and_differ() -> None:
+    with run_sim("--random-seed", "7") as a, run_sim("--random-seed", "7") as b:
+        assert generate(a.url, seeded(1234)) != generate(b.url, seeded(1234))
+        assert generate(a.url, seeded(1234)) != generate(a.url, seeded(1234))
+        assert generate(a.url, GREEDY) == generate(b.url, GREEDY)
 
 
 def test_output_length_streaming_and_sglang_shapes() -> None:
@@ -49,10 +63,11 @@ def test_output_length_streaming_and_sglang_shapes() -> None:
         assert body["meta_info"]["finish_reason"] == {"type": "length"}
         completion = httpx.post(f"{sim.url}/v1/completions", json={"prompt": "x", "max_tokens": 2}).json()
         assert completion["usage"]["completion_tokens"] == 2
-        with httpx.stream("POST", f"{sim.url}/generate", json={"text": "x", "stream": True}) as stream:
+        greedy = {"text": "x", "sampling_params": {"temperature": 0}}
+        with httpx.stream("POST", f"{sim.url}/generate", json={**greedy, "stream": True}) as stream:
             events = [line for line in stream.iter_lines() if line]
         assert events[-1] == "data: [DONE]"
-        assert json.loads(events[-2][6:])["text"] == generate(sim.url, {"text": "x"})
+        assert json.loads(events[-2][6:])["text"] == generate(sim.url, greedy)
         with httpx.stream("POST", f"{sim.url}/v1/chat/completions", json={
                 "messages": [{"role": "user", "content": "x"}], "stream": True,
                 "stream_options": {"include_usage": True}}) as stream:
@@ -60,35 +75,69 @@ def test_output_length_streaming_and_sglang_shapes() -> None:
         assert chunks[-1]["usage"]["total_tokens"] > 0
         assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
         assert httpx.get(f"{sim.url}/v1/models").json()["data"][0]["id"] == "judge"
-        assert httpx.get(f"{sim.url}/get_model_info").json()["model_path"] == "judge-sim"
+        for path in ("/model_info", "/get_model_info"):
+            info = httpx.get(f"{sim.url}{path}").json()
+            assert (info["model_path"], info["served_model_name"], info["is_generation"]) == ("judge-sim", "judge", True)
         for path in ("/get_server_info", "/server_info"):
             info = httpx.get(f"{sim.url}{path}").json()
             assert info["random_seed"] == 1
             assert info["enable_deterministic_inference"] is False
-        assert httpx.get(f"{sim.url}/get_load").json() == [
-            {"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}]
+            assert info["version"].startswith("0.5.23")
+        loads = httpx.get(f"{sim.url}/v1/loads").json()["loads"]
+        assert [(r["dp_rank"], r["num_running_reqs"], r["num_waiting_reqs"]) for r in loads] == [(0, 0, 0)]
+        assert httpx.get(f"{sim.url}/get_load").status_code == 404  # removed from SGLang
         metrics = httpx.get(f"{sim.url}/metrics").text
-        for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
-                     "sglang:gen_throughput", "sglang:time_to_first_token_seconds_bucket",
-                     "sglang:e2e_request_latency_seconds_bucket"):
-            assert name in metrics
-        assert httpx.get(f"{sim.url}/health_generate").status_code == 200
+        assert 'sglang:num_running_reqs{engine_type="unified",model_name="judge",moe_ep_rank="0",' \
+               'pp_rank="0",tp_rank="0"} 0.0' in metrics
+        assert 'sglang:e2e_request_latency_seconds_count{engine_type="unified",is_streaming="true",' \
+               'model_name="judge"} 2.0' in metrics
         assert httpx.post(f"{sim.url}/generate", content=b"{nope").status_code == 400
 
 
-def test_startup_queueing_and_abort() -> None:
-    with run_sim("--sim-startup-seconds", "1.0", "--sim-ttft-ms", "400", "--sim-max-running", "1",
-                 ready_path="/v1/models") as sim:
+def test_what_sglang_refuses_is_refused() -> None:
+    with run_sim("--sim-ttft-ms", "300") as sim:
+        unknown = httpx.post(f"{sim.url}/generate", json={"text": "x", "sampling_params": {"temprature": 0}})
+        assert unknown.status_code == 400
+        assert unknown.json()["error"].startswith("unknown field `temprature`, expected one of")
+        plain = httpx.post(f"{sim.url}/v1/completions", content=json.dumps({"prompt": "x"}))
+        assert plain.status_code == 400 and "application/json" in plain.json()["message"]
+        assert httpx.post(f"{sim.url}/generate", content=json.dumps({"text": "x"})).status_code == 200
+
+        first = threading.Thread(target=lambda: httpx.post(f"{sim.url}/generate", json={"text": "x", "rid": "r"}))
+        first.start()
+        time.sleep(0.1)
+        duplicate = httpx.post(f"{sim.url}/generate", json={"text": "y", "rid": "r"})
+        assert duplicate.status_code == 400
+        assert duplicate.json() == {"error": {"message": "Duplicate request ID detected: r"}}
+        first.join()
+        assert httpx.post(f"{sim.url}/generate", json={"text": "y", "rid": "r"}).status_code == 200
+        assert httpx.post(f"{sim.url}/classify", json={"text": "x"}).status_code == 400  # not a reward model
+
+
+def test_health_is_a_generation_ready_is_cheap_and_both_wait_for_startup() -> None:
+    with run_sim("--sim-startup-seconds", "1.5", ready_path=None) as sim:
+        wait_ready(f"{sim.url}/v1/models")
         assert httpx.get(f"{sim.url}/health").status_code == 503
-        wait_ready(f"{sim.url}/health", seconds=5)
+        assert httpx.get(f"{sim.url}/ready").status_code == 503
+        wait_ready(f"{sim.url}/ready", seconds=5)
+        started = time.monotonic()
+        assert httpx.get(f"{sim.url}/health", timeout=25).status_code == 200
+        assert time.monotonic() - started >= 1.0
+        metrics = httpx.get(f"{sim.url}/metrics").text
+        assert 'sglang:num_requests_total{engine_type="unified",is_streaming="false",model_name="judge-sim"} 0.0' \
+            in metrics  # SGLang leaves its health generation out of the request metrics
+
+
+def test_queueing_and_abort() -> None:
+    with run_sim("--sim-ttft-ms", "400", "--max-running-requests", "1") as sim:
         results: list[dict[str, object]] = []
         threads = [threading.Thread(target=lambda rid=rid: results.append(httpx.post(
             f"{sim.url}/generate", json={"text": "x", "rid": rid}, timeout=10).json())) for rid in ("a", "b")]
         for thread in threads:
             thread.start()
         time.sleep(0.2)
-        load = httpx.get(f"{sim.url}/get_load").json()[0]
-        assert (load["num_reqs"], load["num_waiting_reqs"]) == (2, 1)
+        load = httpx.get(f"{sim.url}/v1/loads").json()["loads"][0]
+        assert (load["num_running_reqs"], load["num_waiting_reqs"], load["max_running_requests"]) == (1, 1, 1)
         httpx.post(f"{sim.url}/abort_request", json={"abort_all": True})
         for thread in threads:
             thread.join()
@@ -110,24 +159,58 @@ def test_failure_injection_from_flags_and_env() -> None:
         hanging.process.kill()  # a hung request never finishes, so SIGTERM would wait for it
 
 
-def test_unknown_sglang_flags_are_ignored_with_one_warning() -> None:
+def start(*args: str) -> tuple[subprocess.Popen[str], int]:
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "genrm_sim", "--model-path", "m", "--port", str(port), "--mem-fraction-static",
-         "0.8", "--attention-backend", "fa3", "--tp-size", "1", "--skip-server-warmup"],
-        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "genrm_sim", "--model-path", "m", "--port", str(port), *args],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    return proc, port
+
+
+def test_sglang_flags_are_checked_like_sglang() -> None:
+    for args, message in (
+        (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["--attention-backend", "fa9"], "argument --attention-backend: invalid choice: 'fa9'"),
+        (["--port", "http"], "argument --port: invalid int value: 'http'"),
+        ([DET, "--attention-backend", "torch_native"], "attention backends are supported for deterministic"),
+    ):
+        proc, _ = start(*args)
+        try:
+            _, stderr = proc.communicate(timeout=20)
+        finally:
+            proc.kill()
+        assert proc.returncode != 0 and message in stderr, (args, stderr)
+
+    proc, port = start("--mem-fraction-static", "0.8", DET, "--attention-backend", "fa3", "--tp-size", "1",
+                       "--skip-server-warmup", "--sim-sigterm-poll-seconds", "0.1")
     try:
-        wait_ready(f"http://127.0.0.1:{port}/health")
+        wait_ready(f"http://127.0.0.1:{port}/ready")
         assert httpx.get(f"http://127.0.0.1:{port}/metrics").status_code == 404  # no --enable-metrics
     finally:
         proc.terminate()
         _, stderr = proc.communicate(timeout=10)
     warnings = [line for line in stderr.splitlines() if "ignoring SGLang flags" in line]
-    assert len(warnings) == 1 and "--attention-backend" in warnings[0]
+    assert len(warnings) == 1 and "--mem-fraction-static" in warnings[0] and "--tp-size" not in warnings[0]
 
 
-def test_sigterm_turns_health_503_finishes_running_requests_then_exits() -> None:
-    with run_sim("--sim-ttft-ms", "1000") as sim:
+def test_reward_model_answers_classify_with_scores() -> None:
+    with run_sim("--sim-classifier", DET) as a, run_sim("--sim-classifier", DET, "--random-seed", "9") as b, \
+            run_sim("--sim-classifier") as loose, run_sim("--sim-classifier") as loose2:
+        one = httpx.post(f"{a.url}/classify", json={"text": "good answer", "rid": "c1"}).json()
+        assert one["meta_info"]["id"] == "c1" and isinstance(one["embedding"][0], float)
+        assert httpx.post(f"{b.url}/classify", json={"text": "good answer"}).json()["embedding"] == one["embedding"]
+        batch = httpx.post(f"{a.url}/classify", json={"text": ["good answer", "bad answer"]}).json()
+        assert batch[0]["embedding"] == one["embedding"] != batch[1]["embedding"]
+        openai = httpx.post(f"{a.url}/v1/classify", json={"input": "good answer"}).json()
+        assert openai["data"][0]["probs"] == [1.0]  # SGLang's softmax over one label
+        assert httpx.post(f"{a.url}/generate", json={"text": "x"}).status_code == 400
+        assert httpx.get(f"{a.url}/model_info").json()["is_generation"] is False
+        scores = [httpx.post(f"{s.url}/classify", json={"text": "good answer"}).json()["embedding"][0]
+                  for s in (loose, loose2)]
+        assert scores[0] != scores[1] and abs(scores[0] - scores[1]) < 1e-3  # batch noise without determinism
+
+
+def test_sigterm_like_sglang_health_503_requests_still_served_then_exit() -> None:
+    with run_sim("--sim-ttft-ms", "1000", "--sim-sigterm-poll-seconds", "1.5") as sim:
         result: list[httpx.Response] = []
         thread = threading.Thread(target=lambda: result.append(
             httpx.post(f"{sim.url}/generate", json={"text": "x"}, timeout=10)))
@@ -136,7 +219,8 @@ def test_sigterm_turns_health_503_finishes_running_requests_then_exits() -> None
         sim.process.send_signal(signal.SIGTERM)
         time.sleep(0.2)
         assert httpx.get(f"{sim.url}/health").status_code == 503
-        assert sim.process.poll() is None
+        assert httpx.get(f"{sim.url}/ready").status_code == 503
+        assert httpx.post(f"{sim.url}/generate", json={"text": "late"}).status_code == 200  # still served
         thread.join()
         assert result[0].status_code == 200
         assert sim.process.wait(5) == 0
