@@ -29,7 +29,7 @@ from genrm_sim.testing import launched, wait_ready
 from .harness import free_port
 
 POOL_LABEL = "genrm.io/pool"
-GATEWAY_PORT_NAME = "http"
+GATEWAY_PORT_NAME = "control"
 OPERATOR_NAMESPACE = "genrm-system"
 """The ``namespace`` target label of the operator job: the release namespace in a chart install."""
 

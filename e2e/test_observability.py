@@ -31,6 +31,8 @@ from .prometheus import Prometheus, promtool_check_metrics, run_prometheus
 POOL = "obs"
 GATEWAY_PORT = 8000
 """spec.gateway.port's default, which the test pool keeps."""
+CONTROL_PORT = 8001
+"""spec.gateway.controlPort's default: probes, drain API and /metrics."""
 RATE_WINDOW = "2m"
 """Stands for Grafana's ``$__rate_interval``: long enough to span the whole driven scenario."""
 SCENARIO = {
@@ -68,7 +70,7 @@ def gauge(exposition: str, name: str, **labels: str) -> float | None:
 
 
 def scrape(ip: str) -> str:
-    return httpx.get(f"http://{ip}:{GATEWAY_PORT}/metrics", timeout=5).text
+    return httpx.get(f"http://{ip}:{CONTROL_PORT}/metrics", timeout=5).text
 
 
 def hold_request(ip: str) -> socket.socket:

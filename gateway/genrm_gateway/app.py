@@ -1,23 +1,32 @@
-"""The gateway's ASGI application: the lean proxied path beside the FastAPI control app.
+"""The gateway's ASGI application: judge traffic on one port, control on another.
 
-Why a hand-written dispatcher: one dict lookup sends judge traffic to the raw ASGI proxy; all
-other paths (probes, control API, metrics, and every refusal of unknown or admin routes) go to
-FastAPI. The lifespan starts the engine pool and monitor that both halves share.
+Why two ports: the traffic port is what the Service (and so every judge client) reaches; it
+serves only the allowlisted engine routes through the lean proxy and refuses everything else
+itself, without a framework, documents or redirects. Probes, the drain API and ``/metrics`` live on
+the control port, which the kubelet, the operator and Prometheus use, so a client of the judge
+can never reach them (and no judge request competes with a drain call).
 """
 
 from __future__ import annotations
+
+import asyncio
+import contextlib
 
 from starlette.types import Receive, Scope, Send
 
 from genrm_gateway.admission import Admission
 from genrm_gateway.config import GatewayConfig
+from genrm_gateway.connection import Connections, GatewayProtocol, protocol_class
 from genrm_gateway.control import create_control_app
-from genrm_gateway.drain import DrainController
+from genrm_gateway.drain import DrainController, DrainState
 from genrm_gateway.engine import EngineMonitor
 from genrm_gateway.metrics import GatewayMetrics
-from genrm_gateway.proxy import Proxy
-from genrm_gateway.routes import PROXIED
+from genrm_gateway.proxy import Proxy, send_error
+from genrm_gateway.routes import BLOCKED_ENGINE_PATHS, PROXIED
 from genrm_gateway.upstream import EnginePool
+
+# While a drain runs, connections that have turned idle are looked at this often.
+_RETIRE_EVERY_SECONDS = 0.2
 
 
 class Gateway:
@@ -28,21 +37,41 @@ class Gateway:
         self.admission = Admission()
         self.pool = EnginePool(config.engine)
         self.engine = EngineMonitor(self.pool, config.engine_poll_seconds)
-        self.drain = DrainController(self.admission, self.engine, config.quiet_seconds)
-        self.metrics = GatewayMetrics(self.admission, self.drain, self.engine)
-        self._proxy = Proxy(self.admission, self.drain, self.pool, self.metrics, config.max_body_bytes)
+        self.connections = Connections(config.port, config.limits, self._refused)
+        self.drain = DrainController(self.admission, self.engine, config.quiet_seconds, self.connections.retire)
+        self.metrics = GatewayMetrics(self.admission, self.drain, self.engine, self.connections)
+        self._proxy = Proxy(self.admission, self.drain, self.engine, self.pool, self.metrics, config.limits)
         self._control = create_control_app(self.admission, self.drain, self.engine, self.metrics)
+        self._retirer: asyncio.Task[None] | None = None
+
+    @property
+    def protocol(self) -> type[GatewayProtocol]:
+        """The uvicorn protocol class for this gateway's sockets."""
+        return protocol_class(self.connections)
+
+    def _refused(self, reason: str) -> None:
+        self.metrics.refused(reason)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            route = PROXIED.get(scope["path"])
-            if route is not None:
-                await self._proxy.handle(route, scope, receive, send)
-                return
-        elif scope["type"] == "lifespan":
+        if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
+        elif scope["server"][1] == self.config.control_port:
+            await self._control(scope, receive, send)
+        elif scope["type"] == "http":
+            await self._traffic(scope, receive, send)
+
+    async def _traffic(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope["path"]
+        route = PROXIED.get(path)
+        if route is not None:
+            await self._proxy.handle(route, scope, receive, send)
             return
-        await self._control(scope, receive, send)
+        if path in BLOCKED_ENGINE_PATHS:
+            code, reason, message = 403, "notAllowed", "this engine route is not reachable through the gateway"
+        else:
+            code, reason, message = 404, "notFound", "no such route"
+        self.metrics.refused(reason)
+        await send_error(send, code, reason, message)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -50,9 +79,22 @@ class Gateway:
             if message["type"] == "lifespan.startup":
                 await self.engine.poll()
                 self.engine.start()
+                self._retirer = asyncio.ensure_future(self._retire_idle())
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                if self._retirer is not None:
+                    self._retirer.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await self._retirer
                 await self.engine.stop()
                 self.pool.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+    async def _retire_idle(self) -> None:
+        """During a drain, keep closing keep-alive connections as they turn idle."""
+        while True:
+            await asyncio.sleep(_RETIRE_EVERY_SECONDS)
+            state = self.drain.state
+            if state is not DrainState.SERVING:
+                self.connections.retire(state)

@@ -7,7 +7,9 @@ env while tests and humans use flags.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import socket
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -15,13 +17,13 @@ from typing import Any
 import uvicorn
 
 from genrm_gateway.app import Gateway
-from genrm_gateway.coalesce import CoalescingHttpToolsProtocol
-from genrm_gateway.config import EngineAddress, GatewayConfig
+from genrm_gateway.config import EngineAddress, GatewayConfig, Limits
 from genrm_gateway.prestop import PreStopDrain
 from genrm_gateway.server import GatewayServer
 
 # Far beyond any judge request: uvicorn must never cut in-flight requests on shutdown by itself.
 GRACEFUL_SHUTDOWN_SECONDS = 3600
+DEFAULTS = GatewayConfig()
 
 
 def _env(name: str, convert: Callable[[str], Any], default: Any) -> Any:
@@ -29,29 +31,43 @@ def _env(name: str, convert: Callable[[str], Any], default: Any) -> Any:
     return default if raw is None or raw == "" else convert(raw)
 
 
+def _add_limits(command: argparse.ArgumentParser) -> None:
+    """One flag per field of ``Limits`` (``--max-head-bytes``, env ``GENRM_MAX_HEAD_BYTES``, ...)."""
+    for limit in dataclasses.fields(Limits):
+        convert = type(limit.default)
+        command.add_argument(f"--{limit.name.replace('_', '-')}", type=convert,
+                             default=_env(f"GENRM_{limit.name.upper()}", convert, limit.default),
+                             help=limit.metadata["help"])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="genrm-gateway", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    def port_and_propagation(command: argparse.ArgumentParser) -> None:
-        command.add_argument("--port", type=int, default=_env("GENRM_GATEWAY_PORT", int, 8000))
+    def control_port_and_propagation(command: argparse.ArgumentParser) -> None:
+        command.add_argument("--control-port", type=int,
+                             default=_env("GENRM_CONTROL_PORT", int, DEFAULTS.control_port),
+                             help="probes, the drain API and /metrics")
         command.add_argument("--propagation-seconds", type=float,
-                             default=_env("GENRM_PROPAGATION_SECONDS", float, 5.0),
+                             default=_env("GENRM_PROPAGATION_SECONDS", float, DEFAULTS.propagation_seconds),
                              help="how long endpoints take to stop routing here after soft drain")
 
     serve = commands.add_parser("serve", help="run the sidecar")
-    serve.add_argument("--host", default=_env("GENRM_GATEWAY_HOST", str, "0.0.0.0"))
-    port_and_propagation(serve)
+    serve.add_argument("--host", default=_env("GENRM_GATEWAY_HOST", str, DEFAULTS.host))
+    serve.add_argument("--port", type=int, default=_env("GENRM_GATEWAY_PORT", int, DEFAULTS.port),
+                       help="judge traffic (the Service's target)")
+    control_port_and_propagation(serve)
     serve.add_argument("--engine-url", default=_env("GENRM_ENGINE_URL", str, "http://127.0.0.1:30000"))
-    serve.add_argument("--max-body-bytes", type=int, default=_env("GENRM_MAX_BODY_BYTES", int, 1 << 20))
-    serve.add_argument("--quiet-seconds", type=float, default=_env("GENRM_QUIET_SECONDS", float, 2.0),
+    serve.add_argument("--quiet-seconds", type=float,
+                       default=_env("GENRM_QUIET_SECONDS", float, DEFAULTS.quiet_seconds),
                        help="how long in-flight zero and an idle engine must hold before Drained")
     serve.add_argument("--engine-poll-seconds", type=float,
-                       default=_env("GENRM_ENGINE_POLL_SECONDS", float, 1.0),
+                       default=_env("GENRM_ENGINE_POLL_SECONDS", float, DEFAULTS.engine_poll_seconds),
                        help="how often the engine's health and load are read")
+    _add_limits(serve)
 
     drain = commands.add_parser("drain", help="drain the local gateway (the preStop hook)")
-    port_and_propagation(drain)
+    control_port_and_propagation(drain)
     drain.add_argument("--wait", action="store_true", required=True,
                        help="block until Drained or the deadline (the only mode)")
     drain.add_argument("--deadline-seconds", type=float, required=True)
@@ -59,25 +75,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=2048)
+
+
 def serve(args: argparse.Namespace) -> None:
+    if args.port == args.control_port:
+        sys.exit("genrm-gateway: --port and --control-port must differ")
+    limits = Limits(**{limit.name: getattr(args, limit.name) for limit in dataclasses.fields(Limits)})
     config = GatewayConfig(
         host=args.host,
         port=args.port,
+        control_port=args.control_port,
         engine=EngineAddress.parse(args.engine_url),
-        max_body_bytes=args.max_body_bytes,
+        limits=limits,
         quiet_seconds=args.quiet_seconds,
         propagation_seconds=args.propagation_seconds,
         engine_poll_seconds=args.engine_poll_seconds,
     )
     gateway = Gateway(config)
+    sockets = [_listen(config.host, config.port), _listen(config.host, config.control_port)]
     server = GatewayServer(
-        uvicorn.Config(gateway, host=config.host, port=config.port, loop="uvloop", http=CoalescingHttpToolsProtocol,
+        uvicorn.Config(gateway, loop="uvloop", http=gateway.protocol, ws="none",
                        lifespan="on", log_level="warning", access_log=False, server_header=False,
-                       proxy_headers=False,
+                       proxy_headers=False, timeout_keep_alive=round(limits.keep_alive_seconds),
                        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS),
         gateway,
     )
-    server.run()
+    server.run(sockets)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -85,5 +111,5 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.command == "serve":
         serve(args)
         return
-    sys.exit(PreStopDrain(port=args.port, drain_id=args.drain_id, deadline_seconds=args.deadline_seconds,
+    sys.exit(PreStopDrain(port=args.control_port, drain_id=args.drain_id, deadline_seconds=args.deadline_seconds,
                           propagation_seconds=args.propagation_seconds).run())

@@ -7,8 +7,9 @@ token as a file), while humans and tests use flags; both must give the same sett
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 TOKEN_ENV = "GENRM_CONTROL_TOKEN"
@@ -34,12 +35,46 @@ class EngineAddress:
         return f"{self.host}:{self.port}"
 
 
+def _limit(default: float, help: str) -> Any:
+    """A limit's default and its one-line help (the CLI's ``--help`` and the chart read it)."""
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one client may cost the gateway; each refusal has its own status code and reason.
+
+    Why these defaults: judge requests are small JSON documents sent by in-cluster trainers, so a
+    64 KiB head, 100 headers and tens of seconds to deliver a body are far beyond any honest
+    client, while they bound what a slow or hostile one can hold: memory (head, body, a stalled
+    stream's buffer) and, as important here, in-flight slots that would keep a drain from ending.
+    The keep-alive timeout is longer than common client pool expiries (httpx: 5 s) so that the
+    server is not the side that races a client's reuse of an idle connection.
+    """
+
+    max_head_bytes: int = _limit(64 * 1024, "request line plus headers larger than this get 431")
+    max_headers: int = _limit(100, "more header fields than this get 431")
+    head_timeout_seconds: float = _limit(10.0, "a request head not complete this long after its first byte "
+                                               "(or the connection's opening) gets 408")
+    body_timeout_seconds: float = _limit(30.0, "an admitted request's body not complete within this gets 408 "
+                                               "and leaves in-flight at once")
+    max_body_bytes: int = _limit(1 << 20, "larger request bodies get 413")
+    max_json_depth: int = _limit(32, "JSON bodies nesting deeper than this get 400")
+    max_connections: int = _limit(4096, "open traffic connections beyond this get 503 and are closed")
+    write_timeout_seconds: float = _limit(30.0, "a client that reads nothing of its response this long is cut "
+                                                "and its engine request aborted")
+    stream_buffer_bytes: int = _limit(1 << 20, "engine bytes buffered per streamed response before the gateway "
+                                               "stops reading from the engine")
+    keep_alive_seconds: float = _limit(75.0, "idle keep-alive client connections close after this")
+
+
 @dataclass(frozen=True)
 class GatewayConfig:
     host: str = "0.0.0.0"
     port: int = 8000
+    control_port: int = 8001
     engine: EngineAddress = EngineAddress("127.0.0.1", 30000)
-    max_body_bytes: int = 1 << 20
+    limits: Limits = Limits()
     quiet_seconds: float = 2.0
     propagation_seconds: float = 5.0
     engine_poll_seconds: float = 1.0

@@ -1,8 +1,8 @@
-"""Probes, the drain control API and ``/metrics``: the low-rate routes, on FastAPI.
+"""The control port: probes, the drain control API and ``/metrics``, on FastAPI.
 
-Why separate from the proxied path: these routes need validation, auth and documentation more
-than speed, and none of them may depend on the engine's request path (liveness never touches
-the engine at all).
+Why separate from the proxied path: these routes need validation and auth more than speed, and
+none of them may depend on the engine's request path (liveness never touches the engine at all).
+No OpenAPI document and no trailing-slash redirects: nothing here is for browsing.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from genrm_gateway.drain import DrainConflict, DrainController, DrainState, Phas
 from genrm_gateway.engine import EngineMonitor
 from genrm_gateway.errors import REASON_HEADER, Refusal, error_body
 from genrm_gateway.metrics import GatewayMetrics
-from genrm_gateway.routes import BLOCKED_ENGINE_PATHS
 
 
 class DrainRequest(BaseModel):
@@ -56,7 +55,7 @@ def require_token(authorization: Annotated[str | None, Header()] = None) -> None
 
 def create_control_app(admission: Admission, drain: DrainController, engine: EngineMonitor,
                        metrics: GatewayMetrics) -> FastAPI:
-    app = FastAPI(title="genrm-gateway", docs_url=None, redoc_url=None)
+    app = FastAPI(title="genrm-gateway", docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
     authorized = [Depends(require_token)]
 
     def state_document() -> dict[str, Any]:
@@ -93,9 +92,6 @@ def create_control_app(admission: Admission, drain: DrainController, engine: Eng
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:
-        if exc.status_code == 404 and request.url.path in BLOCKED_ENGINE_PATHS:
-            metrics.refused("notAllowed")
-            return _error(403, "notAllowed", f"{request.url.path} is not reachable through the gateway")
         reason = {404: "notFound", 405: "methodNotAllowed"}.get(exc.status_code, "httpError")
         metrics.refused(reason)
         return _error(exc.status_code, reason, str(exc.detail))

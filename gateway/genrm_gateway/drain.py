@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Callable
 
 from genrm_gateway.admission import Admission
 from genrm_gateway.engine import EngineMonitor
@@ -33,10 +34,12 @@ class DrainConflict(Exception):
 
 
 class DrainController:
-    def __init__(self, admission: Admission, engine: EngineMonitor, quiet_seconds: float) -> None:
+    def __init__(self, admission: Admission, engine: EngineMonitor, quiet_seconds: float,
+                 on_transition: Callable[[DrainState], None] = lambda state: None) -> None:
         self._admission = admission
         self._engine = engine
         self._state = DrainState.SERVING
+        self._on_transition = on_transition
         self.drain_id: str | None = None
         self.quiet_seconds = quiet_seconds
 
@@ -65,9 +68,9 @@ class DrainController:
         self.drain_id = drain_id
         if phase is Phase.FENCE and state in (DrainState.SERVING, DrainState.SOFT_DRAIN):
             self._admission.open = False
-            self._state = DrainState.FENCED
+            self._enter(DrainState.FENCED)
         elif phase is Phase.SOFT and state is DrainState.SERVING:
-            self._state = DrainState.SOFT_DRAIN
+            self._enter(DrainState.SOFT_DRAIN)
 
     def undrain(self, drain_id: str) -> None:
         state = self.state
@@ -78,5 +81,10 @@ class DrainController:
         if drain_id != self.drain_id:
             raise DrainConflict(f"the drain in progress has drain id {self.drain_id!r}")
         self._admission.open = True
-        self._state = DrainState.SERVING
         self.drain_id = None
+        self._enter(DrainState.SERVING)
+
+    def _enter(self, state: DrainState) -> None:
+        """Change state; the listener (the connection registry) acts on it before any await."""
+        self._state = state
+        self._on_transition(state)

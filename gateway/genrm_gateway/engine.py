@@ -53,20 +53,27 @@ def parse_sglang_metrics(text: str) -> EngineLoad:
     )
 
 
-def parse_get_load(payload: object) -> EngineLoad:
-    """SGLang's ``/get_load``: per-rank ``num_reqs`` (running + waiting) and ``num_waiting_reqs``."""
-    ranks = payload if isinstance(payload, list) else [payload]
-    total = waiting = 0
+def parse_v1_loads(payload: object) -> EngineLoad:
+    """SGLang's ``/v1/loads``: ``loads`` holds one entry per DP rank with running and waiting counts."""
+    ranks = payload.get("loads") if isinstance(payload, dict) else None
+    if not isinstance(ranks, list) or not ranks:
+        return EngineLoad()
+    running = queued = 0
     for rank in ranks:
         if not isinstance(rank, dict):
             return EngineLoad()
-        total += int(rank.get("num_reqs", 0))
-        waiting += int(rank.get("num_waiting_reqs", 0))
-    return EngineLoad(running=total - waiting, queued=waiting)
+        running += int(rank.get("num_running_reqs", 0))
+        queued += int(rank.get("num_waiting_reqs", 0))
+    return EngineLoad(running=running, queued=queued)
 
 
 class EngineMonitor:
-    """Polls ``/health`` and the load (``/metrics``, else ``/get_load``) every interval."""
+    """Polls ``/ready`` and the load (``/metrics``, else ``/v1/loads``) every interval.
+
+    Why ``/ready`` and not ``/health``: SGLang's ``/health`` pushes a one-token generation through
+    the scheduler and takes a second or more; polled every interval it would add load and, when
+    slow, flap readiness. ``/ready`` reads the engine's own readiness flag.
+    """
 
     def __init__(self, pool: EnginePool, interval: float) -> None:
         self._pool = pool
@@ -76,6 +83,7 @@ class EngineMonitor:
         self.load = EngineLoad()
         self.idle_since: float | None = time.monotonic()
         self._task: asyncio.Task[None] | None = None
+        self._recheck = asyncio.Event()
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._run())
@@ -88,7 +96,7 @@ class EngineMonitor:
 
     async def poll(self) -> None:
         try:
-            status, _ = await self._pool.request("GET", "/health", limit_seconds=max(self._interval, 5.0))
+            status, _ = await self._pool.request("GET", "/ready", limit_seconds=max(self._interval, 2.0))
             self.up, self.healthy = True, status == 200
             self.load = await self._fetch_load()
         except (EngineError, TimeoutError):
@@ -106,15 +114,27 @@ class EngineMonitor:
             load = parse_sglang_metrics(body.decode(errors="replace"))
             if load.busy is not None:
                 return load
-        status, body = await self._pool.request("GET", "/get_load")
+        status, body = await self._pool.request("GET", "/v1/loads?include=core")
         if status != 200:
             return EngineLoad()
         try:
-            return parse_get_load(json.loads(body))
+            return parse_v1_loads(json.loads(body))
         except (ValueError, TypeError):
             return EngineLoad()
+
+    def mark_down(self) -> None:
+        """The engine refused a connection: unready now, not at the next poll (which brings it back)."""
+        self.up = self.healthy = False
+        self._recheck.set()
+
+    def recheck(self) -> None:
+        """An engine connection broke under a request: poll now instead of at the next interval."""
+        self._recheck.set()
 
     async def _run(self) -> None:
         while True:
             await self.poll()
-            await asyncio.sleep(self._interval)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._interval):
+                    await self._recheck.wait()
+            self._recheck.clear()

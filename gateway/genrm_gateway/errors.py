@@ -7,6 +7,7 @@ replica, the rest are not), so every refusal, from the hot path or the control A
 from __future__ import annotations
 
 import json
+from http import HTTPStatus
 
 REASON_HEADER = b"x-genrm-reason"
 
@@ -15,10 +16,28 @@ def error_body(code: int, reason: str, message: str) -> bytes:
     return json.dumps({"error": {"reason": reason, "message": message, "code": code}}).encode()
 
 
-class Refusal(Exception):
-    """A request the gateway answers itself, with ``code`` and this error shape's ``reason``."""
+CLOSE_HEADER = (b"connection", b"close")
 
-    def __init__(self, code: int, reason: str, message: str) -> None:
+
+class Refusal(Exception):
+    """A request the gateway answers itself, with ``code`` and this error shape's ``reason``.
+
+    ``close`` ends the connection after the answer: for refusals that leave the request stream
+    in an unknown place (a body not read), or that ask the client to go elsewhere.
+    """
+
+    def __init__(self, code: int, reason: str, message: str, headers: tuple[tuple[bytes, bytes], ...] = (),
+                 *, close: bool = False) -> None:
         super().__init__(message)
         self.code = code
         self.reason = reason
+        self.headers = (*headers, CLOSE_HEADER) if close else headers
+
+
+def refusal_response(code: int, reason: str, message: str) -> bytes:
+    """A whole HTTP/1.1 error response, for refusals made below the application (the connection
+    layer), where no ASGI ``send`` exists; it always closes the connection."""
+    body = error_body(code, reason, message)
+    phrase = HTTPStatus(code).phrase
+    return (f"HTTP/1.1 {code} {phrase}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            f"x-genrm-reason: {reason}\r\nconnection: close\r\n\r\n").encode() + body

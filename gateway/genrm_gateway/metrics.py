@@ -12,6 +12,7 @@ because a missing series must never read as an idle engine.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -21,15 +22,20 @@ from genrm_gateway.admission import Admission
 from genrm_gateway.drain import DrainController, DrainState
 from genrm_gateway.engine import EngineMonitor
 
+if TYPE_CHECKING:
+    from genrm_gateway.connection import Connections
+
 _DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                      30.0, 60.0, 120.0, 300.0, 600.0)
 
 
 class _StateCollector(Collector):
-    def __init__(self, admission: Admission, drain: DrainController, engine: EngineMonitor) -> None:
+    def __init__(self, admission: Admission, drain: DrainController, engine: EngineMonitor,
+                 connections: Connections) -> None:
         self._admission = admission
         self._drain = drain
         self._engine = engine
+        self._connections = connections
 
     def collect(self) -> Iterator[Metric]:
         yield GaugeMetricFamily("genrm_gateway_inflight_requests",
@@ -43,6 +49,8 @@ class _StateCollector(Collector):
         yield drain
         yield GaugeMetricFamily("genrm_gateway_engine_up", "Whether the engine answers HTTP",
                                 value=1.0 if self._engine.up else 0.0)
+        yield GaugeMetricFamily("genrm_gateway_open_connections", "Open client connections on the traffic port",
+                                value=len(self._connections))
         load = self._engine.load
         for name, doc, value in (
             ("genrm_engine_running_requests", "Requests in the engine's running batch", load.running),
@@ -58,7 +66,8 @@ class _StateCollector(Collector):
 class GatewayMetrics:
     """Per-request counters and histograms, with label children cached for the hot path."""
 
-    def __init__(self, admission: Admission, drain: DrainController, engine: EngineMonitor) -> None:
+    def __init__(self, admission: Admission, drain: DrainController, engine: EngineMonitor,
+                 connections: Connections) -> None:
         self.registry = CollectorRegistry()
         self._requests = Counter("genrm_gateway_requests", "Requests answered, by route and status code",
                                  ["route", "code"], registry=self.registry)
@@ -67,7 +76,7 @@ class GatewayMetrics:
                                    registry=self.registry, buckets=_DURATION_BUCKETS)
         self._refused = Counter("genrm_gateway_refused", "Requests refused by the gateway, by reason",
                                 ["reason"], registry=self.registry)
-        self.registry.register(_StateCollector(admission, drain, engine))
+        self.registry.register(_StateCollector(admission, drain, engine, connections))
         self._request_children: dict[tuple[str, int], Counter] = {}
         self._duration_children: dict[str, Histogram] = {}
 

@@ -2,37 +2,52 @@
 
 Why raw ASGI rather than FastAPI routes: on a 2-core pod the gateway's per-request CPU is its
 whole overhead, and the routing, dependency and response machinery of a framework costs more
-than the proxying itself. Each request is admitted (or refused) before any other work, its body
-is read once with a size limit, and the engine's response is passed through unchanged: buffered
-when it has a length, chunk by chunk when it is a stream.
+than the proxying itself.
+
+What reaches the engine is the gateway's own request, never the client's bytes: the route's
+canonical path (no client target or query), an allowlist of headers re-serialised by h11, and the
+JSON body re-serialised with a request id (``rid``) the gateway minted. The client's id is only a
+correlation value, validated and echoed in ``X-Request-Id``; so a client can neither inject a
+header or a second request, nor collide with (or abort) another client's request on the engine.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
+import re
 import time
-from typing import Any
+from collections.abc import Callable
 
-from starlette.types import Receive, Scope, Send
+import h11
+from starlette.types import Message, Receive, Scope, Send
 
 from genrm_gateway.admission import Admission
+from genrm_gateway.config import Limits
+from genrm_gateway.connection import ABORT_EXTENSION
 from genrm_gateway.drain import DrainController, DrainState
-from genrm_gateway.errors import REASON_HEADER, Refusal, error_body
+from genrm_gateway.engine import EngineMonitor
+from genrm_gateway.errors import CLOSE_HEADER, REASON_HEADER, Refusal, error_body
 from genrm_gateway.metrics import GatewayMetrics
 from genrm_gateway.routes import ProxiedRoute
-from genrm_gateway.upstream import ClientGone, EngineError, EnginePool, Exchange
+from genrm_gateway.upstream import ClientGone, EngineError, EnginePool, EngineUnavailable, Exchange
 
 REQUEST_ID_HEADER = b"x-request-id"
 DRAINING_HEADER = (b"x-genrm-draining", b"1")
+RETRY_AFTER = (b"retry-after", b"1")
 _JSON_CONTENT = (b"content-type", b"application/json")
 # Status recorded for requests whose client went away before the answer (nginx's convention).
 CLIENT_CLOSED = 499
-# Connection-scoped or recomputed headers that must not be copied between the two hops.
+# The only client headers the engine gets: what SGLang reads (content type, accept, an API key).
+FORWARDED_HEADERS = frozenset({b"content-type", b"accept", b"authorization"})
+# Engine response headers that are connection-scoped or recomputed for the client.
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade",
-                         b"proxy-connection", b"proxy-authorization", b"host", b"content-length",
-                         b"trailer", REQUEST_ID_HEADER, b"date", b"server", b"expect"})
+                         b"proxy-connection", b"content-length", b"trailer", b"date", b"server",
+                         REQUEST_ID_HEADER})
+# A client's request id: printable, header-safe and short (UUIDs, ULIDs, hex, "job-7/step-3").
+CORRELATION_ID = re.compile(rb"[A-Za-z0-9._:/+=@-]{1,128}")
 
 
 async def send_error(send: Send, code: int, reason: str, message: str,
@@ -44,26 +59,71 @@ async def send_error(send: Send, code: int, reason: str, message: str,
     await send({"type": "http.response.body", "body": body})
 
 
-def _new_request_id() -> bytes:
-    """24 hex digits, for requests that arrive without an ``x-request-id`` or a ``rid``."""
-    return os.urandom(12).hex().encode()
+class RequestIds:
+    """Engine request ids: unique per gateway process and never chosen by a client.
 
-
-def with_request_id(payload: dict[str, Any], body: bytes, request_id: str) -> bytes:
-    """Add ``rid`` so the engine knows the request by the id the gateway can abort.
-
-    The client's bytes are kept as they are (only the key is spliced in), so number formatting
-    and key order reach the engine unchanged.
+    A random prefix per process and a counter: cheap, and unique across restarts of the sidecar
+    while the engine (which rejects a duplicate rid) keeps running.
     """
-    rid = json.dumps(request_id).encode()
-    if not payload:
-        return b'{"rid":' + rid + b"}"
-    start = body.index(b"{") + 1
-    return body[:start] + b'"rid":' + rid + b"," + body[start:]
+
+    def __init__(self) -> None:
+        self._prefix = "gw" + os.urandom(6).hex() + "-"
+        self._counter = itertools.count(1)
+
+    def mint(self) -> str:
+        return f"{self._prefix}{next(self._counter):x}"
 
 
-# Requests answered faster than this never pay for a disconnect watcher task.
-_WATCH_AFTER_SECONDS = 0.05
+def correlation_id(value: object) -> bytes:
+    """A client-supplied id as a header-safe value, or a 400."""
+    raw = value.encode("utf-8", "replace") if isinstance(value, str) else value
+    if not isinstance(raw, bytes) or CORRELATION_ID.fullmatch(raw) is None:
+        raise Refusal(400, "invalidRequestId", "a request id must be 1-128 characters of A-Z a-z 0-9 . _ : / + = @ -")
+    return raw
+
+
+def exceeds_depth(value: object, limit: int) -> bool:
+    """Whether JSON containers nest deeper than ``limit`` (iterative: no recursion to exhaust)."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
+
+
+def engine_body(body: bytes, limits: Limits, mint: Callable[[], str]) -> tuple[bytes, list[str], bytes | None]:
+    """The body the engine gets: the client's JSON object with the gateway's ``rid``.
+
+    Returns the new body, the engine rids to abort if the client leaves, and the client's own
+    ``rid`` (a correlation value) when it sent a single one.
+    """
+    try:
+        payload = json.loads(body)
+    except (ValueError, RecursionError):
+        raise Refusal(400, "invalidJson", "the body is not valid JSON") from None
+    if not isinstance(payload, dict):
+        raise Refusal(400, "invalidJson", "the body must be a JSON object")
+    if exceeds_depth(payload, limits.max_json_depth):
+        raise Refusal(400, "jsonTooDeep", f"the JSON nests deeper than {limits.max_json_depth} levels")
+    client_rid = payload.get("rid")
+    engine_rid = mint()
+    given: bytes | None = None
+    if client_rid is None or isinstance(client_rid, str):
+        given = None if client_rid is None else correlation_id(client_rid)
+        payload["rid"] = engine_rid
+        rids = [engine_rid]
+    elif isinstance(client_rid, list) and client_rid:  # a batch: one id per element, as SGLang requires
+        for item in client_rid:
+            correlation_id(item)
+        rids = payload["rid"] = [f"{engine_rid}.{i}" for i in range(len(client_rid))]
+    else:
+        raise Refusal(400, "invalidRequestId", "rid must be a string or a non-empty list of strings")
+    return json.dumps(payload, separators=(",", ":")).encode(), rids, given
 
 
 class _DisconnectWatcher:
@@ -96,14 +156,20 @@ class _DisconnectWatcher:
             self._task.cancel()
 
 
+# Requests answered faster than this never pay for a disconnect watcher task.
+_WATCH_AFTER_SECONDS = 0.05
+
+
 class Proxy:
-    def __init__(self, admission: Admission, drain: DrainController, pool: EnginePool,
-                 metrics: GatewayMetrics, max_body_bytes: int) -> None:
+    def __init__(self, admission: Admission, drain: DrainController, engine: EngineMonitor, pool: EnginePool,
+                 metrics: GatewayMetrics, limits: Limits) -> None:
         self._admission = admission
         self._drain = drain
+        self._engine = engine
         self._pool = pool
         self._metrics = metrics
-        self._max_body_bytes = max_body_bytes
+        self._limits = limits
+        self._ids = RequestIds()
 
     async def handle(self, route: ProxiedRoute, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
@@ -112,65 +178,76 @@ class Proxy:
                                                     f"{route.name} accepts {route.method} only"))
             return
         if not self._admission.try_admit():
-            await self._refuse(send, route, Refusal(503, "draining", "the replica is draining; retry on "
-                                                    "another replica"), ((b"retry-after", b"1"),))
+            await self._refuse(send, route, Refusal(503, "draining",
+                                                    "the replica is draining; retry on another replica",
+                                                    (RETRY_AFTER,), close=True))
             return
         code = 500
         try:
+            if not self._engine.up:
+                raise Refusal(503, "engineUnavailable", "the engine is not reachable; retry on another replica",
+                              (RETRY_AFTER,), close=True)
             code = await self._exchange(route, scope, receive, send)
         except Refusal as refusal:
             code = refusal.code
             self._metrics.refused(refusal.reason)
-            await send_error(send, refusal.code, refusal.reason, str(refusal))
+            await send_error(send, refusal.code, refusal.reason, str(refusal), refusal.headers)
         finally:
             self._admission.release()
             self._metrics.observe(route.name, code, time.perf_counter() - started)
 
-    async def _refuse(self, send: Send, route: ProxiedRoute, refusal: Refusal,
-                      extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    async def _refuse(self, send: Send, route: ProxiedRoute, refusal: Refusal) -> None:
         self._metrics.refused(refusal.reason)
         self._metrics.observe(route.name, refusal.code, 0.0)
-        await send_error(send, refusal.code, refusal.reason, str(refusal), extra)
+        await send_error(send, refusal.code, refusal.reason, str(refusal), refusal.headers)
+
+    def _forwarded(self, scope: Scope) -> tuple[list[tuple[bytes, bytes]], bytes | None, int]:
+        """The client headers the engine gets, the client's request id and the declared length."""
+        forwarded: list[tuple[bytes, bytes]] = []
+        given: bytes | None = None
+        declared = 0
+        for name, value in scope["headers"]:
+            if name in FORWARDED_HEADERS:
+                forwarded.append((name, value))
+            elif name == REQUEST_ID_HEADER:
+                given = correlation_id(value)
+            elif name == b"content-length":
+                declared = int(value)  # llhttp accepted it: digits only, one header
+        if declared > self._limits.max_body_bytes:
+            raise Refusal(413, "bodyTooLarge", f"the body exceeds {self._limits.max_body_bytes} bytes", close=True)
+        return forwarded, given, declared
 
     async def _exchange(self, route: ProxiedRoute, scope: Scope, receive: Receive, send: Send) -> int:
         """Forward one admitted request; returns the status code for the metrics."""
-        request_id = b""
-        forwarded: list[bytes] = []
-        declared = 0
-        for name, value in scope["headers"]:
-            if name == REQUEST_ID_HEADER:
-                request_id = value
-            elif name == b"content-length":
-                declared = int(value) if value.isdigit() else 0
-            elif name not in _HOP_BY_HOP:
-                forwarded += (name, b": ", value, b"\r\n")
-        if declared > self._max_body_bytes:
-            raise Refusal(413, "bodyTooLarge", f"the body exceeds {self._max_body_bytes} bytes")
-        body = await self._read_body(receive) if route.has_body else b""
-        abort_rid: str | None = None
+        forwarded, given, _ = self._forwarded(scope)
+        rids: list[str] = []
         if route.has_body:
-            body, abort_rid, request_id = self._prepare(body, request_id)
-        if not request_id:
-            request_id = _new_request_id()
-        path = scope["raw_path"] or scope["path"].encode()
-        if scope["query_string"]:
-            path += b"?" + scope["query_string"]
-        head = b"".join((route.method.encode(), b" ", path, b" HTTP/1.1\r\nhost: ", self._pool.host_header,
-                         b"\r\ncontent-length: ", str(len(body)).encode(), b"\r\nx-request-id: ",
-                         request_id, b"\r\n", *forwarded, b"\r\n"))
-        exchange = Exchange()
+            body, rids, body_rid = engine_body(await self._read_body(receive), self._limits, self._ids.mint)
+            given = given or body_rid
+        else:
+            body = b""
+        try:
+            data = self._pool.serialize(route.method, route.name, body, forwarded)
+        except h11.LocalProtocolError:
+            raise Refusal(400, "invalidHeader", "a header value is not allowed by RFC 9110") from None
+        request_id = given or (rids[0].encode() if rids else self._ids.mint().encode())
+        exchange = Exchange(self._limits.stream_buffer_bytes)
         watcher = _DisconnectWatcher(receive, exchange)
         try:
-            await self._pool.send(exchange, head + body)
-            await self._respond(exchange, send, request_id)
+            await self._pool.send(exchange, data)
+            await self._respond(exchange, scope, send, request_id)
             return exchange.status
-        except ClientGone:
+        except (ClientGone, TimeoutError):
             exchange.discard()
-            if abort_rid is not None:
-                await self._abort(abort_rid)
+            await self._abort(rids)
             return CLIENT_CLOSED
+        except EngineUnavailable as exc:
+            exchange.discard()
+            self._engine.mark_down()
+            raise Refusal(503, exc.reason, f"{exc}; retry on another replica", (RETRY_AFTER,), close=True) from exc
         except EngineError as exc:
             exchange.discard()
+            self._engine.recheck()
             if exchange.answered:
                 # Headers already went out: cutting the stream is the only honest signal left.
                 return 502
@@ -178,58 +255,64 @@ class Proxy:
         finally:
             watcher.stop()
 
-    def _prepare(self, body: bytes, request_id: bytes) -> tuple[bytes, str | None, bytes]:
-        """Check the JSON body; returns the body to send, the engine rid and the request id."""
-        try:
-            payload = json.loads(body)
-        except ValueError:
-            raise Refusal(400, "invalidJson", "the body is not valid JSON") from None
-        if not isinstance(payload, dict):
-            raise Refusal(400, "invalidJson", "the body must be a JSON object")
-        rid = payload.get("rid")
-        if isinstance(rid, str):
-            return body, rid, request_id or rid.encode()
-        if rid is not None:  # a batch: the engine has the client's rids, abort cannot name one
-            return body, None, request_id
-        request_id = request_id or _new_request_id()
-        rid = request_id.decode("latin-1")
-        return with_request_id(payload, body, rid), rid, request_id
-
     async def _read_body(self, receive: Receive) -> bytes:
-        """The whole body, refused as soon as it passes the limit (also without a content-length)."""
+        """The whole body within the body timeout, refused as soon as it passes the size limit."""
         chunks: list[bytes] = []
         size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise Refusal(CLIENT_CLOSED, "clientGone", "the client disconnected")
-            chunk: bytes = message.get("body", b"")
-            size += len(chunk)
-            if size > self._max_body_bytes:
-                raise Refusal(413, "bodyTooLarge", f"the body exceeds {self._max_body_bytes} bytes")
-            chunks.append(chunk)
-            if not message.get("more_body"):
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        try:
+            async with asyncio.timeout(self._limits.body_timeout_seconds):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        raise Refusal(CLIENT_CLOSED, "clientGone", "the client disconnected")
+                    chunk: bytes = message.get("body", b"")
+                    size += len(chunk)
+                    if size > self._limits.max_body_bytes:
+                        raise Refusal(413, "bodyTooLarge", f"the body exceeds {self._limits.max_body_bytes} bytes",
+                                      close=True)
+                    chunks.append(chunk)
+                    if not message.get("more_body"):
+                        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        except TimeoutError:
+            raise Refusal(408, "bodyTimeout", f"the body did not arrive within {self._limits.body_timeout_seconds}s",
+                          close=True) from None
 
-    async def _respond(self, exchange: Exchange, send: Send, request_id: bytes) -> None:
+    async def _respond(self, exchange: Exchange, scope: Scope, send: Send, request_id: bytes) -> None:
         headers = [(name, value) for name, value in exchange.headers if name not in _HOP_BY_HOP]
         headers.append((REQUEST_ID_HEADER, request_id))
         if self._drain.state is not DrainState.SERVING:
-            headers.append(DRAINING_HEADER)
+            headers += (DRAINING_HEADER, CLOSE_HEADER)
         if not exchange.streamed:
             body = await exchange.read()
             headers.append((b"content-length", str(len(body)).encode()))
-            await send({"type": "http.response.start", "status": exchange.status, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
+            await self._send(scope, send, {"type": "http.response.start", "status": exchange.status,
+                                           "headers": headers})
+            await self._send(scope, send, {"type": "http.response.body", "body": body})
             return
-        await send({"type": "http.response.start", "status": exchange.status, "headers": headers})
+        await self._send(scope, send, {"type": "http.response.start", "status": exchange.status, "headers": headers})
         async for chunk in exchange.chunks():
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b""})
+            await self._send(scope, send, {"type": "http.response.body", "body": chunk, "more_body": True})
+        await self._send(scope, send, {"type": "http.response.body", "body": b""})
 
-    async def _abort(self, rid: str) -> None:
-        """Stop the engine's work for a client that left; the count drops only after this."""
+    async def _send(self, scope: Scope, send: Send, message: Message) -> None:
+        """``send`` with the write timeout: a client that stops reading is cut, not waited for.
+
+        uvicorn's ``send`` waits while the socket's buffer is full; past the timeout the
+        connection is aborted (dropping what is buffered for it) and TimeoutError propagates
+        so the engine request is aborted too.
+        """
         try:
-            await self._pool.request("POST", "/abort_request", {"rid": rid}, limit_seconds=2.0)
-        except (EngineError, TimeoutError):
-            pass
+            async with asyncio.timeout(self._limits.write_timeout_seconds):
+                await send(message)
+        except TimeoutError:
+            self._metrics.refused("writeTimeout")
+            scope["extensions"][ABORT_EXTENSION]()
+            raise
+
+    async def _abort(self, rids: list[str]) -> None:
+        """Stop the engine's work for a client that left; the count drops only after this."""
+        for rid in rids:
+            try:
+                await self._pool.request("POST", "/abort_request", {"rid": rid}, limit_seconds=2.0)
+            except (EngineError, TimeoutError):
+                pass

@@ -1,9 +1,11 @@
 """A pooled keep-alive HTTP/1.1 client for the one engine behind the gateway.
 
-Why hand-rolled: the proxied path's CPU cost is the gateway's whole overhead, and on a 2-core pod
-a general-purpose client (httpx, aiohttp) costs more per request than the engine's own HTTP
-stack. Here a request is one ``write`` of pre-joined bytes on a pooled connection, and the
-response is parsed by httptools (the parser uvicorn uses) straight into the waiting exchange.
+Why not a general-purpose client (httpx, aiohttp): the proxied path's CPU cost is the gateway's
+whole overhead, and on a 2-core pod such a client costs more per request than the engine's own
+HTTP stack. The protocol work is still done by libraries: h11 writes each request (and refuses
+any header value that could split it), the response is parsed by httptools (llhttp, the parser
+uvicorn uses) straight into the waiting exchange; what is ours is the pooling, one ``write`` per
+request on a kept-alive connection, and flow control.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import cast
 
+import h11
 import httptools
 
 from genrm_gateway.config import EngineAddress
@@ -44,14 +47,16 @@ class ClientGone(Exception):
 class Exchange:
     """One request/response on an engine connection, filled in by the connection's parser."""
 
-    __slots__ = ("_body", "_complete", "_connection", "_error", "_head", "_waiter", "headers", "status",
-                 "streamed")
+    __slots__ = ("_body", "_buffer_limit", "_buffered", "_complete", "_connection", "_error", "_head", "_waiter",
+                 "headers", "status", "streamed")
 
-    def __init__(self) -> None:
+    def __init__(self, buffer_limit: int = 1 << 20) -> None:
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.streamed = False
         self._body: list[bytes] = []
+        self._buffered = 0
+        self._buffer_limit = buffer_limit
         self._head = False
         self._complete = False
         self._error: BaseException | None = None
@@ -90,11 +95,19 @@ class Exchange:
         return b"".join(self._body)
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The body as it arrives (chunked responses, e.g. SSE streams)."""
+        """The body as it arrives (chunked responses, e.g. SSE streams).
+
+        Why the buffer limit: a client that stops reading must not make the gateway hold the
+        engine's whole stream; past ``buffer_limit`` bytes the engine connection stops being
+        read (TCP pushes back on the engine) until this consumer has taken what is buffered.
+        """
         while True:
             if self._body:
                 chunk = b"".join(self._body)
                 self._body.clear()
+                self._buffered = 0
+                if self._connection is not None:
+                    self._connection.resume()
                 yield chunk
             elif self._complete:
                 return
@@ -122,6 +135,9 @@ class Exchange:
     def _on_body(self, data: bytes) -> None:
         self._body.append(data)
         if self.streamed:
+            self._buffered += len(data)
+            if self._buffered > self._buffer_limit and self._connection is not None:
+                self._connection.pause()
             self._wake()
 
     def _on_complete(self) -> None:
@@ -140,6 +156,7 @@ class _Connection(asyncio.Protocol):
         self._exchange: Exchange | None = None
         self._headers: list[tuple[bytes, bytes]] = []
         self.closed = False
+        self._paused = False
         self.idle_since = 0.0
 
     def start(self, exchange: Exchange, data: bytes) -> None:
@@ -152,6 +169,16 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         if self._transport is not None:
             self._transport.close()
+
+    def pause(self) -> None:
+        if self._transport is not None and not self.closed and not self._paused:
+            self._paused = True
+            self._transport.pause_reading()
+
+    def resume(self) -> None:
+        if self._transport is not None and not self.closed and self._paused:
+            self._paused = False
+            self._transport.resume_reading()
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -236,15 +263,26 @@ class EnginePool:
                       limit_seconds: float = 5.0) -> tuple[int, bytes]:
         """A small complete request (probes, aborts); raises EngineError or TimeoutError."""
         body = b"" if payload is None else json.dumps(payload).encode()
-        head = (f"{method} {path} HTTP/1.1\r\nhost: {self._address.authority}\r\n"
-                f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n").encode()
+        data = self.serialize(method, path, body, ((b"content-type", b"application/json"),))
         exchange = Exchange()
         try:
             async with asyncio.timeout(limit_seconds):
-                await self.send(exchange, head + body)
+                await self.send(exchange, data)
                 return exchange.status, await exchange.read()
         finally:
             exchange.discard()
+
+    def serialize(self, method: str, target: str, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()) -> bytes:
+        """A whole request to the engine, its head written by h11.
+
+        Why a library here: h11 refuses any header name or value that RFC 9110 does not allow
+        (CR, LF, NUL, ...), so no byte a client sent can end a header line or start a request.
+        Raises ``h11.LocalProtocolError`` for such a header.
+        """
+        request = h11.Request(method=method, target=target, headers=[
+            (b"host", self.host_header), (b"content-length", str(len(body)).encode()), *headers])
+        head = h11.Connection(h11.CLIENT).send(request)
+        return (head or b"") + body
 
     def close(self) -> None:
         for connection in self._idle:

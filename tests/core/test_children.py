@@ -5,7 +5,8 @@ Aspects under test:
   only when deterministic, bound to 127.0.0.1, --enable-metrics, model/served name/revision,
   extra args appended, args and command overrides (the simulator stands in);
 - nvidia.com/gpu requests and limits merged into the user's resources;
-- readiness and liveness probes on the gateway sidecar, a draining preStop hook on it, and a
+- readiness and liveness probes on the gateway's control port, a draining preStop hook on it, the
+  per-client limits as gateway flags whose defaults are the gateway's own, and a
   terminationGracePeriodSeconds that covers propagation plus the drain timeout;
 - the control token comes from the pool's Secret, never inline;
 - owner references (controller), labels (pool, ordinal, published=false), template settings;
@@ -16,7 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from genrm_gateway import cli as gateway_cli
+from genrm_gateway.config import Limits
 from genrm_operator.api.pool import GenRMPoolSpec
+from genrm_operator.api.spec import GatewayLimits
 from genrm_operator.core import children
 from genrm_operator.core.names import ORDINAL_LABEL, POOL_LABEL, PUBLISHED_LABEL, secret_name
 
@@ -93,19 +97,34 @@ def test_gpus_are_requested_and_limited_on_top_of_the_users_resources() -> None:
 
 
 def test_probes_and_the_draining_pre_stop_hook_are_on_the_gateway_sidecar() -> None:
-    spec = make_spec(gateway={"port": 8100}, drain={"propagationSeconds": 4, "timeoutSeconds": 120})
+    spec = make_spec(gateway={"port": 8100, "controlPort": 9100},
+                     drain={"propagationSeconds": 4, "timeoutSeconds": 120})
     manifest = pod(spec)
     gateway = container(manifest, "gateway")
-    assert gateway["ports"] == [{"name": "http", "containerPort": 8100, "protocol": "TCP"}]
-    assert gateway["readinessProbe"]["httpGet"] == {"path": "/healthz/ready", "port": "http"}
-    assert gateway["livenessProbe"]["httpGet"] == {"path": "/healthz/live", "port": "http"}
+    assert gateway["ports"] == [{"name": "http", "containerPort": 8100, "protocol": "TCP"},
+                                {"name": "control", "containerPort": 9100, "protocol": "TCP"}]
+    assert gateway["readinessProbe"]["httpGet"] == {"path": "/healthz/ready", "port": "control"}
+    assert gateway["livenessProbe"]["httpGet"] == {"path": "/healthz/live", "port": "control"}
     pre_stop = gateway["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[:3] == ["genrm-gateway", "drain", "--wait"]
-    assert flag(pre_stop, "--deadline-seconds") == "124"
+    assert flag(pre_stop, "--deadline-seconds") == "124" and flag(pre_stop, "--control-port") == "9100"
     assert flag(gateway["args"], "--engine-url") == "http://127.0.0.1:30000"
+    assert flag(gateway["args"], "--port") == "8100" and flag(gateway["args"], "--control-port") == "9100"
     assert "readinessProbe" not in container(manifest, "engine")
     engine_pre_stop = container(manifest, "engine")["lifecycle"]["preStop"]["exec"]["command"]
-    assert "127.0.0.1:8100/v1/state" in engine_pre_stop[-1] and "end=time.time()+124" in engine_pre_stop[-1]
+    assert "127.0.0.1:9100/v1/state" in engine_pre_stop[-1] and "end=time.time()+124" in engine_pre_stop[-1]
+
+
+def test_every_gateway_limit_becomes_a_gateway_flag_with_the_gateways_own_default() -> None:
+    """The API's defaults are the gateway's: a pool that sets nothing runs the gateway as shipped."""
+    args = container(pod(make_spec(gateway={"limits": {"maxHeaders": 50}})), "gateway")["args"]
+    assert flag(args, "--max-headers") == "50"
+    parsed = gateway_cli.build_parser().parse_args(["serve", *args])
+    defaults = Limits()
+    for name in GatewayLimits.model_fields:
+        assert f"--{name.replace('_', '-')}" in args
+        if name != "max_headers":
+            assert getattr(parsed, name) == getattr(defaults, name), name
 
 
 def test_the_termination_grace_period_covers_propagation_and_the_drain_timeout() -> None:

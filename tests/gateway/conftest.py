@@ -20,21 +20,29 @@ AUTH = {"authorization": f"Bearer {TOKEN}"}
 class Stack:
     sim: RunningSim
     port: int
+    control_port: int
     process: object
 
     @property
     def url(self) -> str:
+        """The traffic port."""
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def control(self) -> str:
+        """The control port: probes, drain API, metrics."""
+        return f"http://127.0.0.1:{self.control_port}"
+
     def state(self) -> dict[str, object]:
-        document: dict[str, object] = httpx.get(f"{self.url}/v1/state", headers=AUTH).json()
+        document: dict[str, object] = httpx.get(f"{self.control}/v1/state", headers=AUTH).json()
         return document
 
     def drain(self, drain_id: str, phase: str, **extra: object) -> httpx.Response:
-        return httpx.post(f"{self.url}/v1/drain", headers=AUTH, json={"drainId": drain_id, "phase": phase, **extra})
+        return httpx.post(f"{self.control}/v1/drain", headers=AUTH,
+                          json={"drainId": drain_id, "phase": phase, **extra})
 
     def metric(self, name: str) -> float:
-        for line in httpx.get(f"{self.url}/metrics").text.splitlines():
+        for line in httpx.get(f"{self.control}/metrics").text.splitlines():
             if line.startswith(name + " ") or line.startswith(name + "{"):
                 return float(line.rsplit(" ", 1)[1])
         raise KeyError(name)
@@ -44,13 +52,14 @@ class Stack:
 def gateway_stack(*gateway_args: str, sim_args: tuple[str, ...] = (), wait_ready_probe: bool = True,
                   ) -> Iterator[Stack]:
     with run_sim("--random-seed", "3", *sim_args, ready_path=None) as sim:
-        port = free_port()
+        port, control_port = free_port(), free_port()
         command = [sys.executable, "-m", "genrm_gateway", "serve", "--host", "127.0.0.1", "--port", str(port),
-                   "--engine-url", sim.url, "--quiet-seconds", "0.2", "--propagation-seconds", "0.2",
+                   "--control-port", str(control_port), "--engine-url", sim.url,
+                   "--quiet-seconds", "0.2", "--propagation-seconds", "0.2",
                    "--engine-poll-seconds", "0.1", *gateway_args]
         with launched(command, env=os.environ | {"GENRM_CONTROL_TOKEN": TOKEN}) as proc:
-            stack = Stack(sim, port, proc)
-            wait_ready(f"{stack.url}/healthz/ready" if wait_ready_probe else f"{stack.url}/healthz/live")
+            stack = Stack(sim, port, control_port, proc)
+            wait_ready(f"{stack.control}/healthz/ready" if wait_ready_probe else f"{stack.control}/healthz/live")
             yield stack
 
 

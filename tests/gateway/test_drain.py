@@ -16,11 +16,11 @@ pytestmark = pytest.mark.timeout(30)
 
 
 def test_control_endpoints_need_the_token(shared: Stack) -> None:
-    assert httpx.get(f"{shared.url}/v1/state").status_code == 401
-    wrong = httpx.get(f"{shared.url}/v1/state", headers={"authorization": "Bearer nope"})
+    assert httpx.get(f"{shared.control}/v1/state").status_code == 401
+    wrong = httpx.get(f"{shared.control}/v1/state", headers={"authorization": "Bearer nope"})
     assert wrong.status_code == 403 and wrong.json()["error"]["reason"] == "forbidden"
-    assert httpx.post(f"{shared.url}/v1/drain", json={"drainId": "x", "phase": "soft"}).status_code == 401
-    assert httpx.post(f"{shared.url}/v1/undrain", json={"drainId": "x"},
+    assert httpx.post(f"{shared.control}/v1/drain", json={"drainId": "x", "phase": "soft"}).status_code == 401
+    assert httpx.post(f"{shared.control}/v1/undrain", json={"drainId": "x"},
                       headers={"authorization": "Bearer nope"}).status_code == 403
     state = shared.state()
     assert state["state"] == "Serving" and state["engine"]["healthy"] is True  # type: ignore[index]
@@ -28,19 +28,19 @@ def test_control_endpoints_need_the_token(shared: Stack) -> None:
 
 
 def test_drain_ids_are_idempotent_and_exclusive(fresh: Stack) -> None:
-    assert httpx.get(f"{fresh.url}/healthz/ready").status_code == 200
+    assert httpx.get(f"{fresh.control}/healthz/ready").status_code == 200
     soft = fresh.drain("op-1/pod", "soft")
     assert soft.status_code == 200 and soft.json()["state"] == "SoftDrain"
     assert fresh.drain("op-1/pod", "soft").json()["state"] == "SoftDrain"
     assert fresh.drain("op-2/pod", "soft").status_code == 409
-    ready = httpx.get(f"{fresh.url}/healthz/ready")
+    ready = httpx.get(f"{fresh.control}/healthz/ready")
     assert ready.status_code == 503 and ready.json()["error"]["reason"] == "draining"
     served = httpx.post(f"{fresh.url}/generate", json={"text": "x"})
     assert served.status_code == 200 and served.headers["x-genrm-draining"] == "1"
-    assert httpx.post(f"{fresh.url}/v1/undrain", headers=AUTH, json={"drainId": "op-2/pod"}).status_code == 409
-    undrained = httpx.post(f"{fresh.url}/v1/undrain", headers=AUTH, json={"drainId": "op-1/pod"})
+    assert httpx.post(f"{fresh.control}/v1/undrain", headers=AUTH, json={"drainId": "op-2/pod"}).status_code == 409
+    undrained = httpx.post(f"{fresh.control}/v1/undrain", headers=AUTH, json={"drainId": "op-1/pod"})
     assert undrained.status_code == 200 and undrained.json()["state"] == "Serving"
-    assert httpx.post(f"{fresh.url}/v1/undrain", headers=AUTH, json={"drainId": "any"}).status_code == 200
+    assert httpx.post(f"{fresh.control}/v1/undrain", headers=AUTH, json={"drainId": "any"}).status_code == 200
     assert "x-genrm-draining" not in httpx.post(f"{fresh.url}/generate", json={"text": "x"}).headers
     fenced = fresh.drain("op-3/pod", "fence", quietSeconds=0.1)
     assert fenced.status_code == 200 and fenced.json()["state"] in ("Fenced", "Drained")
@@ -53,7 +53,7 @@ def test_drain_ids_are_idempotent_and_exclusive(fresh: Stack) -> None:
         time.sleep(0.05)
     assert fresh.state()["state"] == "Drained"
     assert fresh.drain("op-3/pod", "soft").json()["state"] == "Drained"
-    assert httpx.post(f"{fresh.url}/v1/undrain", headers=AUTH, json={"drainId": "op-3/pod"}).status_code == 409
+    assert httpx.post(f"{fresh.control}/v1/undrain", headers=AUTH, json={"drainId": "op-3/pod"}).status_code == 409
 
 
 def test_drain_under_continuous_load_loses_nothing(fresh: Stack) -> None:
@@ -76,15 +76,15 @@ def test_drain_under_continuous_load_loses_nothing(fresh: Stack) -> None:
         async with httpx.AsyncClient(timeout=10, limits=httpx.Limits(max_connections=32)) as client:
             loops = [asyncio.ensure_future(client_loop(client, stop)) for _ in range(16)]
             await asyncio.sleep(0.4)
-            await client.post(f"{fresh.url}/v1/drain", headers=AUTH, json={"drainId": "d", "phase": "soft"})
+            await client.post(f"{fresh.control}/v1/drain", headers=AUTH, json={"drainId": "d", "phase": "soft"})
             await asyncio.sleep(0.4)
-            await client.post(f"{fresh.url}/v1/drain", headers=AUTH,
+            await client.post(f"{fresh.control}/v1/drain", headers=AUTH,
                               json={"drainId": "d", "phase": "fence", "quietSeconds": 0.3})
             fenced_at.append(time.monotonic())
             await asyncio.sleep(0.4)
             stop.set()
             while True:
-                state = (await client.get(f"{fresh.url}/v1/state", headers=AUTH)).json()
+                state = (await client.get(f"{fresh.control}/v1/state", headers=AUTH)).json()
                 if state["state"] == "Drained":
                     drained_at.append(time.monotonic())
                     break
@@ -107,7 +107,7 @@ def test_drain_under_continuous_load_loses_nothing(fresh: Stack) -> None:
 def _drain_command(stack: Stack, deadline: float, drain_id: str = "preStop") -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "genrm_gateway", "drain", "--wait", "--deadline-seconds", str(deadline),
-         "--port", str(stack.port), "--propagation-seconds", "0.2", "--drain-id", drain_id],
+         "--control-port", str(stack.control_port), "--propagation-seconds", "0.2", "--drain-id", drain_id],
         env=os.environ | {"GENRM_CONTROL_TOKEN": TOKEN}, capture_output=True, text=True, timeout=20)
 
 

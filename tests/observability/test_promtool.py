@@ -38,25 +38,25 @@ class Stack:
     """A simulator and the gateway in front of it, as in a judge pod."""
 
     sim: RunningSim
-    gateway_url: str
+    gateway_control_url: str
 
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
     """Both processes, after answered requests and refusals of each kind the gateway counts."""
     with run_sim(ready_path=None) as sim:
-        port = free_port()
+        port, control_port = free_port(), free_port()
         with launched([sys.executable, "-m", "genrm_gateway", "serve", "--host", "127.0.0.1",
-                       "--port", str(port), "--engine-url", sim.url]):
+                       "--port", str(port), "--control-port", str(control_port), "--engine-url", sim.url]):
             url = f"http://127.0.0.1:{port}"
-            wait_ready(f"{url}/healthz/ready")
+            wait_ready(f"http://127.0.0.1:{control_port}/healthz/ready")
             with httpx.Client(base_url=url, timeout=10) as http:
                 for i in range(3):
                     assert http.post("/generate", json={"text": f"judge {i}"}).status_code == 200
                 assert http.post("/v1/completions", json={"model": "judge-sim", "prompt": "x"}).status_code == 200
                 assert http.get("/generate").status_code == 405
                 assert http.post("/generate", content=b"{not json").status_code == 400
-            yield Stack(sim, url)
+            yield Stack(sim, f"http://127.0.0.1:{control_port}")
 
 
 @pytest.fixture
@@ -100,7 +100,7 @@ def test_the_operator_scrape_is_clean(operator_url: str) -> None:
 
 
 def test_the_gateway_scrape_is_clean(stack: Stack) -> None:
-    body = scrape(stack.gateway_url)
+    body = scrape(stack.gateway_control_url)
     assert 'genrm_gateway_refused_total{reason="methodNotAllowed"}' in body
     assert "genrm_gateway_request_duration_seconds_bucket" in body and "genrm_engine_running_requests" in body
     assert promtool_check_metrics(body) == Lint(0, ())

@@ -26,6 +26,8 @@ class GenRMPoolSpec(ApiModel):
     model_config = ApiModel.model_config | {
         "json_schema_extra": validations(
             cel("self.model == oldSelf.model", f"spec.model {IMMUTABLE_HINT}", ".model"),
+            cel("self.engine.port != self.gateway.port && self.engine.port != self.gateway.controlPort",
+                "the engine port must differ from the gateway's ports", ".engine.port"),
         )
     }
 

@@ -75,17 +75,48 @@ class EngineSpec(ApiModel):
     """A replica not ready within this time after creation is replaced."""
 
 
+class GatewayLimits(ApiModel):
+    """What one client may cost a replica's gateway; each refusal has its own status code."""
+
+    max_head_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    """Request line plus headers larger than this are refused with 431."""
+    max_headers: int = Field(100, ge=8, le=10000)
+    """Requests with more header fields are refused with 431."""
+    head_timeout_seconds: float = Field(10.0, gt=0, le=3600)
+    """A request head not complete this long after its first byte is refused with 408."""
+    body_timeout_seconds: float = Field(30.0, gt=0, le=3600)
+    """A request body not complete within this is refused with 408 (and stops counting as in flight)."""
+    max_json_depth: int = Field(32, ge=2, le=1000)
+    """JSON bodies nesting deeper are refused with 400."""
+    max_connections: int = Field(4096, ge=1, le=1_000_000)
+    """Open client connections per replica; more are answered 503 and closed."""
+    write_timeout_seconds: float = Field(30.0, gt=0, le=3600)
+    """A client that reads nothing of its response this long is disconnected and its request aborted."""
+    keep_alive_seconds: float = Field(75.0, gt=0, le=3600)
+    """Idle keep-alive client connections are closed after this."""
+
+
 class GatewaySpec(ApiModel):
     """The gateway sidecar: the pod's only ingress, counting in-flight requests."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": validations(
+            cel("self.port != self.controlPort", "controlPort must differ from port", ".controlPort"),
+        )
+    }
 
     image: str = Field("genrm/gateway:0.1.0", min_length=1)
     """Gateway container image."""
     port: int = Field(8000, ge=1, le=65535)
-    """Port the gateway listens on (pod IP); the Service targets it."""
+    """Port of judge traffic (pod IP); the Service targets it. Only the judge routes are served here."""
+    control_port: int = Field(8001, ge=1, le=65535)
+    """Port of the probes, the drain API and /metrics (the kubelet, the operator, Prometheus)."""
     resources: OpaqueObject = Field(default_factory=dict)
     """Gateway container resources (core/v1 ResourceRequirements)."""
     max_request_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     """Requests with larger bodies are refused with 413."""
+    limits: GatewayLimits = Field(default_factory=GatewayLimits)
+    """Per-client limits: head size, header count, timeouts, JSON depth, connections."""
 
 
 class DrainSpec(ApiModel):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..api.pool import GenRMPoolSpec
+from ..api.spec import GatewayLimits
 from .names import (
     ENGINE_CONTAINER,
     GATEWAY_CONTAINER,
@@ -73,6 +74,14 @@ def engine_args(spec: GenRMPoolSpec) -> list[str]:
     return [*args, *engine.extra_args]
 
 
+def gateway_limit_args(limits: GatewayLimits) -> list[str]:
+    """``--max-head-bytes 65536 ...``: the gateway's flag for each field of ``spec.gateway.limits``."""
+    args: list[str] = []
+    for name, value in limits.model_dump().items():
+        args += [f"--{name.replace('_', '-')}", str(value)]
+    return args
+
+
 def _token_env(pool: str) -> Manifest:
     return {
         "name": "GENRM_CONTROL_TOKEN",
@@ -109,7 +118,7 @@ def pod_manifest(pool: str, pool_uid: str, namespace: str, spec: GenRMPoolSpec, 
         "resources": _with_gpus(engine.resources, engine.gpus_per_replica),
         "volumeMounts": list(template.volume_mounts),
         "lifecycle": {"preStop": {"exec": {"command": [
-            "python3", "-c", ENGINE_PRESTOP % (gateway.port, drain_deadline),
+            "python3", "-c", ENGINE_PRESTOP % (gateway.control_port, drain_deadline),
         ]}}},
     }
     gateway_container: Manifest = {
@@ -117,25 +126,27 @@ def pod_manifest(pool: str, pool_uid: str, namespace: str, spec: GenRMPoolSpec, 
         "image": gateway.image,
         "command": ["genrm-gateway", "serve"],
         "args": [
-            "--host", "0.0.0.0", "--port", str(gateway.port),
+            "--host", "0.0.0.0", "--port", str(gateway.port), "--control-port", str(gateway.control_port),
             "--engine-url", f"http://127.0.0.1:{engine.port}",
             "--max-body-bytes", str(gateway.max_request_body_bytes),
             "--quiet-seconds", str(spec.drain.quiet_seconds),
             "--propagation-seconds", str(spec.drain.propagation_seconds),
+            *gateway_limit_args(gateway.limits),
         ],
         "env": [_token_env(pool)],
-        "ports": [{"name": "http", "containerPort": gateway.port, "protocol": "TCP"}],
+        "ports": [{"name": "http", "containerPort": gateway.port, "protocol": "TCP"},
+                  {"name": "control", "containerPort": gateway.control_port, "protocol": "TCP"}],
         "resources": dict(gateway.resources),
         "readinessProbe": {
-            "httpGet": {"path": "/healthz/ready", "port": "http"},
-            "periodSeconds": 2, "failureThreshold": 1, "successThreshold": 1, "timeoutSeconds": 2,
+            "httpGet": {"path": "/healthz/ready", "port": "control"},
+            "periodSeconds": 1, "failureThreshold": 1, "successThreshold": 1, "timeoutSeconds": 1,
         },
         "livenessProbe": {
-            "httpGet": {"path": "/healthz/live", "port": "http"},
+            "httpGet": {"path": "/healthz/live", "port": "control"},
             "periodSeconds": 10, "failureThreshold": 3, "timeoutSeconds": 5,
         },
         "lifecycle": {"preStop": {"exec": {"command": [
-            "genrm-gateway", "drain", "--wait", "--port", str(gateway.port),
+            "genrm-gateway", "drain", "--wait", "--control-port", str(gateway.control_port),
             "--deadline-seconds", str(drain_deadline),
         ]}}},
     }

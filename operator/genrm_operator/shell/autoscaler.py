@@ -210,7 +210,7 @@ class PoolAutoscaler:
         if per_replica and scaling.source == "Prometheus" and prometheus is not None:
             values = await prometheus.sample(per_replica, self.namespace, serving, interval)
         elif per_replica:
-            targets = {n: f"{endpoints[n].base}/metrics" for n in serving if n in endpoints}
+            targets = {n: f"{endpoints[n].control}/metrics" for n in serving if n in endpoints}
             values = await self._direct.sample(per_replica, targets, time.monotonic(), interval)
         pool_values: dict[str, float] = {}
         for metric in scaling.metrics:

@@ -115,7 +115,7 @@ class PoolReconciler:
         await self.ensure_children(meta["uid"], spec)
         pods = self.pods()
         endpoints = {
-            p["metadata"]["name"]: Endpoint(ip, spec.gateway.port, self._token or "")
+            p["metadata"]["name"]: Endpoint(ip, spec.gateway.port, spec.gateway.control_port, self._token or "")
             for p in pods if (ip := pod_ip(p)) and not p["metadata"].get("deletionTimestamp")
         }
         observed = Observed(

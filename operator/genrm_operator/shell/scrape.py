@@ -1,7 +1,7 @@
 """Metric sources of the autoscaler: each replica's sidecar ``/metrics``, or a Prometheus server.
 
 Direct (the default) scrapes every serving replica's gateway sidecar at
-``http://<podIP>:<gateway port>/metrics`` once per decision, like AIBrix and
+``http://<podIP>:<gateway control port>/metrics`` once per decision, like AIBrix and
 Knative do, so a decision sees numbers one interval old instead of the
 scrape-interval + rule-evaluation + adapter-cache lag of an HPA on a metrics
 adapter. The gateway re-exports the engine's load, so one endpoint per pod is

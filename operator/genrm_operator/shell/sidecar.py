@@ -32,15 +32,22 @@ DEFAULT_PROBES = (
 
 @dataclass(frozen=True)
 class Endpoint:
-    """Where one replica's sidecar listens, and the pool's control token."""
+    """Where one replica's sidecar listens (traffic and control ports), and the pool's control token."""
 
     ip: str
     port: int
+    control_port: int
     token: str
 
     @property
-    def base(self) -> str:
+    def traffic(self) -> str:
+        """Judge routes, as clients reach them (verification probes go here)."""
         return f"http://{self.ip}:{self.port}"
+
+    @property
+    def control(self) -> str:
+        """State, drain, probes and ``/metrics``."""
+        return f"http://{self.ip}:{self.control_port}"
 
     @property
     def headers(self) -> dict[str, str]:
@@ -72,7 +79,7 @@ class SidecarClient:
 
     async def state(self, ep: Endpoint) -> SidecarView | None:
         try:
-            response = await self._http.get(f"{ep.base}/v1/state", headers=ep.headers)
+            response = await self._http.get(f"{ep.control}/v1/state", headers=ep.headers)
             return parse_state(response.json()) if response.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             return None
@@ -85,12 +92,12 @@ class SidecarClient:
     async def control(self, ep: Endpoint, path: str, body: Mapping[str, Any]) -> bool:
         """POST a drain/undrain call; False (to be retried next step) on any failure."""
         try:
-            response = await self._http.post(f"{ep.base}{path}", json=dict(body), headers=ep.headers)
+            response = await self._http.post(f"{ep.control}{path}", json=dict(body), headers=ep.headers)
         except httpx.HTTPError as exc:
-            log.info("sidecar %s %s failed: %s", ep.base, path, exc)
+            log.info("sidecar %s %s failed: %s", ep.control, path, exc)
             return False
         if response.status_code != 200:
-            log.info("sidecar %s %s -> %s %s", ep.base, path, response.status_code, response.text[:200])
+            log.info("sidecar %s %s -> %s %s", ep.control, path, response.status_code, response.text[:200])
         return response.status_code == 200
 
     async def answers(self, ep: Endpoint, spec: VerificationSpec) -> list[str]:
@@ -106,8 +113,7 @@ class SidecarClient:
                 },
             }
             response = await self._http.post(
-                f"{ep.base}/generate", json=payload, timeout=float(spec.timeout_seconds),
-                headers={"X-Request-Id": "genrm-verification"},
+                f"{ep.traffic}/generate", json=payload, timeout=float(spec.timeout_seconds),
             )
             response.raise_for_status()
             out.append(str(response.json().get("text", "")))

@@ -1,0 +1,237 @@
+"""One client connection: uvicorn's httptools protocol with the gateway's limits and drain hooks.
+
+Why a protocol subclass: uvicorn bounds neither the size of a request head nor the time a client
+may take to send one, so a slowloris connection or a never-ending header would hold memory and a
+socket for ever; these checks must act while bytes arrive, before any request exists. The parser
+itself (llhttp, through httptools) is kept: it already refuses the smuggling shapes (CL+TE,
+duplicate or signed Content-Length, obfuscated Transfer-Encoding, obs-fold, bare CR or LF).
+
+It also carries two things the gateway needs from the connection layer:
+
+- a registry of open traffic connections, so a drain can retire keep-alive connections: behind a
+  Kubernetes Service a client keeps using a connection to the pod it first reached, so an
+  unpublished replica must close connections, not only refuse requests;
+- coalesced writes: the response head is held until the first body part so a response costs one
+  socket write, not two (on a 2-core pod each write is a measurable share of the gateway's CPU).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httptools
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
+
+from genrm_gateway.config import Limits
+from genrm_gateway.drain import DrainState
+from genrm_gateway.errors import refusal_response
+
+
+class _CoalescingTransport:
+    """Delegates to the socket transport; holds one response head back for the next write."""
+
+    __slots__ = ("_held", "_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._held: bytes | None = None
+        self._loop = asyncio.get_running_loop()
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._transport.write(held + data)
+        elif data.startswith(b"HTTP/1.1 ") and not data.startswith(b"HTTP/1.1 1"):
+            self._held = data
+            self._loop.call_soon(self.flush)
+        else:
+            self._transport.write(data)
+
+    def flush(self) -> None:
+        held, self._held = self._held, None
+        if held is not None and not self._transport.is_closing():
+            self._transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+# The scope extension through which the app can abort its connection (a client that stopped
+# reading: closing would wait for ever to flush what is buffered for it).
+ABORT_EXTENSION = "genrm.abort"
+
+
+class _HeadRefused(Exception):
+    """Raised inside a parser callback; the refusal itself waits on the protocol."""
+
+
+# How long a keep-alive connection must have been idle before a soft drain closes it. A client
+# that is busy reuses its connection within milliseconds and is better served by the
+# ``Connection: close`` on its next response than by a close racing its next request.
+SOFT_DRAIN_IDLE_SECONDS = 1.0
+
+
+class Connections:
+    """The open client connections of the traffic port, for the limit and for drains."""
+
+    def __init__(self, port: int, limits: Limits, refused: Callable[[str], None]) -> None:
+        self.port = port
+        self.limits = limits
+        self.refused = refused
+        self._open: set[GatewayProtocol] = set()
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def admit(self, connection: GatewayProtocol) -> bool:
+        if len(self._open) >= self.limits.max_connections:
+            return False
+        self._open.add(connection)
+        return True
+
+    def discard(self, connection: GatewayProtocol) -> None:
+        self._open.discard(connection)
+
+    def retire(self, state: DrainState) -> None:
+        """Close what a drain in ``state`` must not keep open.
+
+        Every busy connection closes after its current response. Idle ones close now when the
+        replica is fenced (a request on them could only be refused), and in soft drain once they
+        have been idle a while (see ``SOFT_DRAIN_IDLE_SECONDS``).
+        """
+        if state is DrainState.SERVING:
+            return
+        idle_for = 0.0 if state is not DrainState.SOFT_DRAIN else SOFT_DRAIN_IDLE_SECONDS
+        now = time.monotonic()
+        for connection in list(self._open):
+            connection.retire(now, idle_for)
+
+
+class GatewayProtocol(HttpToolsProtocol):
+    """uvicorn's protocol plus head limits, a head timeout, the connection limit and retirement."""
+
+    registry: Connections  # set by ``protocol_class``
+
+    def __init__(self, config: Config, server_state: ServerState, app_state: dict[str, Any],
+                 _loop: asyncio.AbstractEventLoop | None = None) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self._limits = self.registry.limits
+        self._traffic = False
+        self._reading_head = True
+        self._head_bytes = 0
+        self._header_count = 0
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._refusal: tuple[int, str, str] | None = None
+        # A new connection counts as busy: its client opened it to send a request right away,
+        # which a close would race. It turns idle only after a response (else the head timeout).
+        self._idle_since: float | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.transport = _CoalescingTransport(transport)  # type: ignore[assignment]
+        self._traffic = self.server is not None and self.server[1] == self.registry.port
+        if self._traffic and not self.registry.admit(self):
+            self._traffic = False
+            self._refuse(503, "tooManyConnections", "the gateway has too many open connections")
+            return
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        self.registry.discard(self)
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._reading_head:
+            self._head_bytes += len(data)
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._refuse(400, "badRequest", "protocol upgrades are not supported")
+        except httptools.HttpParserError as exc:
+            code, reason, message = self._refusal or (400, "badRequest", f"invalid HTTP request: {exc}")
+            self._refuse(code, reason, message)
+        else:
+            if self._reading_head and self._head_bytes > self._limits.max_head_bytes:
+                self._refuse(431, "headTooLarge", f"the request head exceeds {self._limits.max_head_bytes} bytes")
+
+    # Parser callbacks (uvicorn's, extended)
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.scope["extensions"] = {ABORT_EXTENSION: self.transport.abort}  # type: ignore[dict-item]
+        self._idle_since = None
+        self._header_count = 0
+        self._arm_head_timer()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        if self._header_count > self._limits.max_headers:
+            self._refusal = (431, "tooManyHeaders", f"more than {self._limits.max_headers} header fields")
+            raise _HeadRefused
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._reading_head = False
+        self._head_bytes = 0
+        self._cancel_head_timer()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._reading_head = True
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.cycle is None or self.cycle.response_complete:
+            self._idle_since = time.monotonic()
+
+    def retire(self, now: float, idle_for: float) -> None:
+        """Close after the current response, or now if idle for ``idle_for`` seconds or more."""
+        if self._idle_since is None or self._head_bytes:
+            if self.cycle is not None:
+                self.cycle.keep_alive = False
+        elif now - self._idle_since >= idle_for and not self.transport.is_closing():
+            self.transport.close()
+
+    def _refuse(self, code: int, reason: str, message: str) -> None:
+        """Answer a request the app never saw, then close: the stream cannot be trusted after it."""
+        self._cancel_head_timer()
+        self.registry.refused(reason)
+        if not self.transport.is_closing():
+            if self.cycle is None or self.cycle.response_complete:
+                self.transport.write(refusal_response(code, reason, message))
+            self.transport.close()
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self._limits.head_timeout_seconds, self._head_timed_out)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if not self._reading_head or self.transport.is_closing():
+            return
+        if self._head_bytes:
+            self._refuse(408, "headTimeout", "the request head did not arrive in time")
+        else:  # nothing sent: close quietly, as for an idle keep-alive connection
+            self.transport.close()
+
+
+def protocol_class(registry: Connections) -> type[GatewayProtocol]:
+    """The protocol uvicorn instantiates per connection, bound to this gateway's registry."""
+    return type("BoundGatewayProtocol", (GatewayProtocol,), {"registry": registry})
