@@ -9,8 +9,9 @@ checks at every step, against ground truth:
 - a replica with in-flight requests is never deleted unless its drain timed out under
   ``drain.onTimeout: Force``; an ever-published replica is deleted only once its sidecar
   is Drained (or it failed, or it was forced);
-- the pod-count bound of ``reconcile.py``'s docstring: pods that are neither terminating
-  nor drained never exceed ``max(spec.replicas, their count before the step)``;
+- the pod-count bound of ``reconcile.py``'s docstring: pods holding GPUs (Terminating and
+  Drained included, failed ones excepted) never exceed ``max(spec.replicas, their count
+  before the step)``;
 - no pod name is ever used twice and ``status.nextOrdinal`` stays ahead of every ordinal;
 - a replica is published only when the core saw it ready with a warm engine and, with
   verification enabled, its verification passed;

@@ -46,7 +46,7 @@ from genrm_operator.core.model import (
     Verify,
 )
 from genrm_operator.core.names import drain_id
-from genrm_operator.core.reconcile import create_backoff, ordinal_of, reconcile
+from genrm_operator.core.reconcile import NEVER_SERVED_GRACE_SECONDS, create_backoff, ordinal_of, reconcile
 from genrm_operator.core.victims import choose_victims
 
 from .world import POOL, START, Ev, World
@@ -208,12 +208,24 @@ def test_victims_are_written_into_status_in_a_step_without_side_effects() -> Non
                            Drain("judge-1", drain_id("uid-judge-1"), "soft"))
 
 
-def test_a_never_published_victim_is_deleted_without_a_drain() -> None:
+def test_a_scale_out_waits_for_terminating_pods_to_release_their_gpus() -> None:
+    spec = make_spec(2)
+    leaving = PodView("judge-1", "uid-1", NOW - 50, phase="Running", deleting=True)
+    plan = reconcile(observe(spec, [serving_pod("judge-0"), leaving]))
+    op = plan.status.operation
+    assert op is not None and op.type == "ScaleOut" and op.phase == "Provisioning"
+    assert names(plan, CreatePod) == [] and "1 more once leaving pods release their GPUs" in op.message
+    plan = reconcile(observe(spec, [serving_pod("judge-0")], status=plan.status, now=NOW + 1))
+    assert names(plan, CreatePod) == ["judge-2"]
+
+
+def test_a_never_published_victim_is_deleted_at_once_without_a_drain() -> None:
+    """Short grace, bound to the observed resourceVersion: a publication since then voids it."""
     spec = make_spec(1)
-    starting = PodView("judge-1", "uid-1", NOW - 5, phase="Running", ready=False)
+    starting = PodView("judge-1", "uid-1", NOW - 5, phase="Running", ready=False, resource_version="77")
     status = scale_in([{"name": "judge-1", "uid": "uid-1", "needsDrain": False}], phase="Unpublishing")
     plan = reconcile(observe(spec, [serving_pod("judge-0"), starting], status=status))
-    assert plan.actions == (DeletePod("judge-1", "uid-1"),)
+    assert plan.actions == (DeletePod("judge-1", "uid-1", NEVER_SERVED_GRACE_SECONDS, "77"),)
 
 
 def test_a_victim_published_after_it_was_chosen_is_drained_rather_than_deleted() -> None:
@@ -402,10 +414,14 @@ def bad_pod(name: str, uid: str, now: float, reason: str) -> PodView:
 def test_failed_crashed_and_late_replicas_are_replaced_and_the_scale_out_ends_partial(reason: str) -> None:
     spec = make_spec(2)
     first = reconcile(observe(spec, [serving_pod("judge-0")], now=NOW - 1))
-    plan = reconcile(observe(spec, [serving_pod("judge-0"), bad_pod("judge-1", "uid-1", NOW, reason)],
-                             status=first.status))
-    assert DeletePod("judge-1", "uid-1") in plan.actions
+    bad = bad_pod("judge-1", "uid-1", NOW, reason)
+    plan = reconcile(observe(spec, [serving_pod("judge-0"), bad], status=first.status))
+    assert DeletePod("judge-1", "uid-1", NEVER_SERVED_GRACE_SECONDS, "") in plan.actions, "never served"
     assert names(plan, CreatePod) == ["judge-2"], "replaced at once"
+    # It ends once the replacement's create is observed: until then only the operation counts it.
+    assert not plan.status.history
+    seen = PodView("judge-2", "uid-2", NOW + 1)
+    plan = reconcile(observe(spec, [serving_pod("judge-0"), bad, seen], status=plan.status, now=NOW + 1))
     last = plan.status.history[-1]
     assert (last.outcome, last.reason) == ("Partial", reason)
     assert any(e.reason == "ReplicaFailed" and e.type == "Warning" for e in plan.events)

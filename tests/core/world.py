@@ -14,7 +14,8 @@ against *ground truth* rather than against the core's own view:
   beyond it stay Pending with the scheduler's Unschedulable message);
 - the shell's contract for every action: status written first, then actions; creates
   idempotent by name (AlreadyExists), deletes bound to the pod UID and completed one step
-  later, drains bound to a drain id, undrain refused once drained, verification
+  later (a short-grace delete of a never-served replica also to its resourceVersion, so it
+  fails once the pod was published), drains bound to a drain id, undrain refused once drained, verification
   comparing the candidate's answers with the reference's (perturbed replicas differ);
 - disturbances chosen by the caller: requests arriving/finishing, crashes, pod failures,
   slow starts, capacity changes, clock jumps, lost actions (operator crash between the
@@ -32,6 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from genrm_operator.api.pool import GenRMPoolSpec, GenRMPoolStatus
+from genrm_operator.core.classify import failure_reason
 from genrm_operator.core.model import (
     CreatePod,
     DeletePod,
@@ -330,11 +332,11 @@ class World:
         return plan
 
     def live_count(self) -> int:
-        """Pods neither terminating, drained nor failed after serving: what the core's pod-count bound is about."""
-        def retiring(p: SimPod) -> bool:
-            return p.ever_published and (p.restarts > 0 or p.phase in ("Failed", "Succeeded"))
-        return sum(1 for p in self.pods.values()
-                   if not p.deleting and p.sidecar.state != "Drained" and not retiring(p))
+        """Pods holding GPUs, Terminating and Drained ones included, except failed ones (crashed,
+        failed or never ready in time, judged on the true pod): what the core's pod-count bound
+        is about."""
+        timeout = float(self.spec.engine.startup_timeout_seconds)
+        return sum(1 for p in self.pods.values() if not failure_reason(p.view(), self.now, timeout))
 
     # ----- actions (the shell's contract) ------------------------------------------------------
 
@@ -342,8 +344,10 @@ class World:
         match action:
             case CreatePod(name=name, ordinal=ordinal):
                 self.create(name, ordinal)
-            case DeletePod(name=name, uid=uid):
+            case DeletePod(name=name, uid=uid, grace_seconds=grace):
                 pod = self.pods.get(name)
+                if grace is not None and pod is not None and pod.ever_published:
+                    return  # the resourceVersion precondition fails: publishing changed the pod
                 if pod is not None and pod.uid == uid and not pod.deleting:
                     self.check_delete(pod, plan)
                     pod.deleting = True

@@ -35,6 +35,7 @@ class PodView:
     unschedulable: str = ""
     """Scheduler message when the pod cannot be placed (e.g. not enough nvidia.com/gpu)."""
     restarts: int = 0
+    resource_version: str = ""
 
 
 @dataclass(frozen=True)
@@ -71,10 +72,17 @@ class CreatePod:
 
 @dataclass(frozen=True)
 class DeletePod:
-    """Delete a pod, bound to its UID by a precondition."""
+    """Delete a pod, bound to its UID by a precondition.
+
+    `grace_seconds` (when set) replaces the pod's terminationGracePeriodSeconds; it is only used
+    for a replica that never served, together with `resource_version` as a second precondition,
+    so a pod published after the observation makes the delete fail instead of being cut short.
+    """
 
     name: str
     uid: str
+    grace_seconds: int | None = None
+    resource_version: str = ""
 
 
 @dataclass(frozen=True)

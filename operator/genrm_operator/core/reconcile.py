@@ -12,11 +12,16 @@ A new ``spec.replicas`` while an operation runs supersedes it; the next
 operation undoes the least progressed work first (rescue draining replicas
 before creating pods; remove unpublished pods before serving ones).
 
-Pod-count bound (checked by the property tests): pods that are neither
-terminating, drained nor failed-and-being-fenced never exceed
-``max(spec.replicas, their previous count)``: creates only ever fill a
-shortfall below ``spec.replicas``, and a failed replica that once served is
-fenced before deletion, so its replacement may briefly run beside it.
+Pod-count bound (checked by the property tests and the e2e soak): pods that
+hold GPUs -- every pod of the pool, Terminating and Drained ones included,
+except failed ones (crashed, failed or never ready in time) -- never exceed
+``max(spec.replicas, their previous count)``: creates only fill the room that
+all those pods leave below ``spec.replicas``, so a scale-out waits for
+Terminating pods to go. A failed replica is replaced at once: if it once
+served it is fenced before deletion, so its replacement may briefly run beside
+it. A replica that never served is deleted with a grace period of
+``NEVER_SERVED_GRACE_SECONDS``: its preStop would otherwise hold its GPUs for
+the whole drain deadline, waiting for a drain nobody needs.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from .model import (
     Event,
     Observed,
     Plan,
+    PodView,
     SetPublished,
     Undrain,
     Verify,
@@ -45,6 +51,7 @@ from .victims import choose_victims
 
 BACKOFF_BASE_SECONDS = 10.0
 BACKOFF_MAX_SECONDS = 300.0
+NEVER_SERVED_GRACE_SECONDS = 2
 
 
 def reconcile(obs: Observed) -> Plan:
@@ -132,6 +139,17 @@ class _Step:
             return sum(1 for r in self.role(role) if r.pod.name not in victims)
         return n(Role.SERVING), n(Role.STARTING) + len(self.pending_creates()), n(Role.DRAINING)
 
+    def gpu_holders(self) -> int:
+        """Pods counted by the pod-count bound (module docstring), unobserved creates included."""
+        return len(self.replicas) - len(self.role(Role.FAILED)) + len(self.pending_creates())
+
+    def delete(self, pod: PodView) -> None:
+        """Delete a replica: one that never served at once, any other with its drain period."""
+        if pod.published or pod.ever_published:
+            self.act(DeletePod(pod.name, pod.uid))
+        else:
+            self.act(DeletePod(pod.name, pod.uid, NEVER_SERVED_GRACE_SECONDS, pod.resource_version))
+
     def set_phase(self, op: Operation, phase: str, message: str = "") -> Operation:
         if op.phase == phase and op.message == message:
             return op
@@ -195,7 +213,7 @@ class _Step:
             if r.role is Role.FAILED:
                 self.retire_failed(r)
             elif r.role is Role.DRAINED:
-                self.act(DeletePod(pod.name, pod.uid))
+                self.delete(pod)
 
     def retire_failed(self, r: Replica) -> None:
         """Replace a failed replica without cutting off requests it still holds.
@@ -212,7 +230,7 @@ class _Step:
             self.act(SetPublished(pod.name, pod.uid, False))
         if sidecar is None or not pod.ever_published or (
                 sidecar.inflight == 0 and sidecar.state in ("Fenced", "Drained")):
-            self.act(DeletePod(pod.name, pod.uid))
+            self.delete(pod)
         elif sidecar.state in ("Serving", "SoftDrain"):
             self.act(Drain(pod.name, drain_id(pod.uid), "fence"))
 
@@ -261,8 +279,10 @@ class _Step:
         shortfall -= rescuing
         for added in self.pending_creates():
             self.act(CreatePod(added.name, added.ordinal))
-        if shortfall > 0 and create_backoff(self.history, self.now) == 0.0:
-            op = self.create(op, shortfall)
+        room = max(0, self.desired - self.gpu_holders())
+        if min(shortfall, room) > 0 and create_backoff(self.history, self.now) == 0.0:
+            op = self.create(op, min(shortfall, room))
+        releasing = max(0, shortfall - room)  # replicas held back while leaving pods hold GPUs
         verifying = self.publish_or_verify()
 
         added_names = {a.name for a in op.added_pods}
@@ -271,7 +291,9 @@ class _Step:
         waiting = [r for r in self.role(Role.STARTING) if r.pod.verification != "failed"]
         if serving >= op.to:
             self.finish(op, "Succeeded", "TargetReached", f"{serving} serving replicas")
-        elif failed:
+        elif failed and not self.pending_creates():
+            # Not while a replacement's create is unobserved: once this operation is gone nothing
+            # would count that pod, and a lagging index would make the next step create another.
             self.finish(op, "Partial", failed[0].failure,
                         ", ".join(f"{r.pod.name}: {r.failure}" for r in failed))
         elif inconsistent:
@@ -280,11 +302,12 @@ class _Step:
             self.finish(op, "Partial", "ReplicaInconsistent", detail)
         elif waiting and not rescuing and not self.pending_creates() and all(r.pod.unschedulable for r in waiting):
             self.finish(op, "Partial", "Unschedulable", waiting[0].pod.unschedulable)
-        elif not waiting and not rescuing and not self.pending_creates() and shortfall > 0:
+        elif not waiting and not rescuing and not self.pending_creates() and shortfall > 0 and not releasing:
             self.finish(op, "Partial", "BackOff", "waiting before creating replacement replicas")
         else:
             phase = "Verifying" if verifying and not self.pending_creates() else "Provisioning"
-            self.op = self.set_phase(op, phase, f"{serving}/{op.to} serving")
+            waiting_for = f"; {releasing} more once leaving pods release their GPUs" if releasing else ""
+            self.op = self.set_phase(op, phase, f"{serving}/{op.to} serving{waiting_for}")
 
     def rescue(self, shortfall: int) -> int:
         """Undrain draining replicas first: they are warm and verified, unlike a new pod."""
@@ -378,7 +401,7 @@ class _Step:
         if r.role is Role.FAILED or not v.needs_drain or v.drained_at is not None or r.role is Role.DRAINED:
             if r.role is Role.DRAINED and v.drained_at is None:
                 v = v.model_copy(update={"drained_at": to_rfc3339(self.now)})
-            self.act(DeletePod(pod.name, pod.uid))
+            self.delete(pod)
             return v, "Removing", ""
         did = drain_id(pod.uid)
         state = r.sidecar.state if r.sidecar is not None else None

@@ -87,9 +87,13 @@ class Kube:
         }
         await self._call(creators[kind], ns, manifest, ok=(409,))
 
-    async def delete_pod(self, namespace: str, name: str, uid: str) -> None:
-        """Delete bound to the UID; NotFound and a UID mismatch (409) are success."""
-        options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid))
+    async def delete_pod(self, namespace: str, name: str, uid: str, grace_seconds: int | None = None,
+                         resource_version: str = "") -> None:
+        """Delete bound to the UID (and the resourceVersion, if given); NotFound and a precondition
+        mismatch (409) are success: the next reconcile step decides again from a fresh view."""
+        options = client.V1DeleteOptions(
+            grace_period_seconds=grace_seconds,
+            preconditions=client.V1Preconditions(uid=uid, resource_version=resource_version or None))
         await self._call(self.core.delete_namespaced_pod, name, namespace, body=options, ok=(404, 409))
 
     async def patch_pod_meta(self, namespace: str, name: str, uid: str, labels: dict[str, str],

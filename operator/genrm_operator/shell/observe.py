@@ -44,6 +44,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         deleting=bool(meta.get("deletionTimestamp")),
         unschedulable=unschedulable,
         restarts=sum(int(c.get("restartCount", 0)) for c in status.get("containerStatuses") or []),
+        resource_version=meta.get("resourceVersion", ""),
     )
 
 

@@ -165,8 +165,8 @@ class PoolReconciler:
             match action:
                 case CreatePod(name=name, ordinal=ordinal):
                     await self.kube.create(children.pod_manifest(self.name, pool_uid, ns, spec, name, ordinal))
-                case DeletePod(name=name, uid=uid):
-                    await self.kube.delete_pod(ns, name, uid)
+                case DeletePod(name=name, uid=uid, grace_seconds=grace, resource_version=rv):
+                    await self.kube.delete_pod(ns, name, uid, grace, rv)
                 case SetPublished(name=name, uid=uid, published=published):
                     annotations = {EVER_PUBLISHED_ANNOTATION: "true"} if published else {}
                     await self.kube.patch_pod_meta(ns, name, uid, {PUBLISHED_LABEL: str(published).lower()},
