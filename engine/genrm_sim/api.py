@@ -77,6 +77,8 @@ class Simulator:
         self._key = AnswerKey(config.served_model_name, config.enable_deterministic_inference, config.perturb)
         self._failures = random.Random(config.random_seed)
         self._started = time.time()
+        self.health_timeout = contract.load().health_check_timeout_seconds
+        """SGLang's HEALTH_CHECK_TIMEOUT: how long /health waits for output before answering 503."""
 
     def endpoint(self, dialect: Dialect) -> Callable[[Request], Awaitable[Response]]:
         """A route handler that answers in ``dialect``."""
@@ -176,7 +178,7 @@ class Simulator:
         self.scheduler.submit(probe)
         task = asyncio.ensure_future(self._run(probe))
         try:
-            while time.monotonic() < tic + contract.load().health_check_timeout_seconds:
+            while time.monotonic() < tic + self.health_timeout:
                 await asyncio.sleep(1.0)
                 if self.scheduler.last_output > tic:
                     self.scheduler.unhealthy = False
