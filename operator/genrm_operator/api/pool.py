@@ -28,6 +28,10 @@ class GenRMPoolSpec(ApiModel):
             cel("self.model == oldSelf.model", f"spec.model {IMMUTABLE_HINT}", ".model"),
             cel("self.engine.port != self.gateway.port && self.engine.port != self.gateway.controlPort",
                 "the engine port must differ from the gateway's ports", ".engine.port"),
+            cel("!self.verification.enabled || self.engine.deterministic",
+                "verification compares answers across replicas, which SGLang reproduces only with "
+                "spec.engine.deterministic=true (without it sampling ignores the probes' seed); set "
+                "spec.verification.enabled=false for a non-deterministic pool", ".verification.enabled"),
         )
     }
 

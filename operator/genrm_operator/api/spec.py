@@ -14,6 +14,8 @@ from pydantic import Field
 
 from .base import ApiModel, cel, validations
 
+SGLANG_IMAGE_TAG = "v0.5.23"
+"""SGLang's image for the release whose contract the simulator and the tests follow (tests/contract)."""
 IMMUTABLE_HINT = "is immutable in v1alpha1 because it changes what the judge answers; create a new GenRMPool"
 OpaqueObject = dict[str, Any]
 """A Kubernetes core type (EnvVar, Volume, Affinity...) passed through verbatim to the pod."""
@@ -49,8 +51,8 @@ class EngineSpec(ApiModel):
         )
     }
 
-    image: str = Field("lmsysorg/sglang:latest", min_length=1)
-    """Engine container image."""
+    image: str = Field(f"lmsysorg/sglang:{SGLANG_IMAGE_TAG}", min_length=1)
+    """Engine container image (default: SGLang's image of the release the project is tested against)."""
     command: list[str] = Field(default_factory=list)
     """Overrides the launcher (default: python3 -m sglang.launch_server); the simulator uses [genrm-sim]."""
     args: list[str] = Field(default_factory=list)
@@ -60,7 +62,7 @@ class EngineSpec(ApiModel):
     seed: int = Field(42, ge=0, le=2**31 - 1)
     """The single --random-seed every replica of the pool uses, so replicas answer identically."""
     deterministic: bool = True
-    """Pass --enable-deterministic-inference so equal inputs give equal verdicts across replicas."""
+    """--enable-deterministic-inference, so replicas give equal verdicts; false needs verification.enabled=false."""
     tensor_parallel_size: int = Field(1, ge=1, le=64)
     """SGLang --tp-size."""
     gpus_per_replica: int = Field(1, ge=0, le=64)
@@ -152,7 +154,7 @@ class VerificationSpec(ApiModel):
     """Cross-replica answer check before a new replica is published."""
 
     enabled: bool = True
-    """Compare a new replica's answers with a serving replica's before publishing it."""
+    """Compare a new replica's answers (or reward scores) with a serving one's; needs engine.deterministic."""
     requests: list[ProbeRequest] = Field(default_factory=list, max_length=16)
     """Probe prompts; empty means the operator's built-in judge prompts."""
     sampling_seed: int = Field(1234, ge=0, le=2**31 - 1)
