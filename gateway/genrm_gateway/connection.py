@@ -128,8 +128,9 @@ class GatewayProtocol(HttpToolsProtocol):
         self._limits = self.registry.limits
         self._traffic = False
         self._reading_head = True
-        self._head_bytes = 0
+        self._head_bytes = 0  # bytes received while a head is incomplete (bounds memory)
         self._header_count = 0
+        self._head_size = 0  # request line and fields as parsed (complete heads)
         self._head_timer: asyncio.TimerHandle | None = None
         self._refusal: tuple[int, str, str] | None = None
         # A new connection counts as busy: its client opened it to send a request right away,
@@ -171,13 +172,21 @@ class GatewayProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self.scope["extensions"] = {ABORT_EXTENSION: self.transport.abort}  # type: ignore[dict-item]
         self._idle_since = None
-        self._header_count = 0
+        self._header_count = self._head_size = 0
         self._arm_head_timer()
+
+    def on_url(self, url: bytes) -> None:
+        self._head_size += len(url)
+        super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_count += 1
+        self._head_size += len(name) + len(value) + 4
         if self._header_count > self._limits.max_headers:
             self._refusal = (431, "tooManyHeaders", f"more than {self._limits.max_headers} header fields")
+            raise _HeadRefused
+        if self._head_size > self._limits.max_head_bytes:
+            self._refusal = (431, "headTooLarge", f"the request head exceeds {self._limits.max_head_bytes} bytes")
             raise _HeadRefused
         super().on_header(name, value)
 
@@ -205,13 +214,22 @@ class GatewayProtocol(HttpToolsProtocol):
             self.transport.close()
 
     def _refuse(self, code: int, reason: str, message: str) -> None:
-        """Answer a request the app never saw, then close: the stream cannot be trusted after it."""
+        """Answer the request being parsed, then close: the stream cannot be trusted after it.
+
+        When the app already holds this request (a body that turned out malformed), it is told
+        the client is gone, so it sends nothing and releases its admission.
+        """
         self._cancel_head_timer()
         self.registry.refused(reason)
-        if not self.transport.is_closing():
-            if self.cycle is None or self.cycle.response_complete:
-                self.transport.write(refusal_response(code, reason, message))
-            self.transport.close()
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete or not cycle.response_started:
+            self.transport.write(refusal_response(code, reason, message))
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True
+            cycle.message_event.set()
+        self.transport.close()
 
     def _arm_head_timer(self) -> None:
         if self._head_timer is None:

@@ -1,8 +1,9 @@
-"""A gateway process in front of a simulator process, both on loopback ephemeral ports."""
+"""A gateway process in front of an engine (the simulator, or a spy), on loopback ephemeral ports."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,11 +18,12 @@ AUTH = {"authorization": f"Bearer {TOKEN}"}
 
 
 @dataclass(frozen=True)
-class Stack:
-    sim: RunningSim
+class Gateway:
+    """A running ``genrm-gateway serve`` process."""
+
     port: int
     control_port: int
-    process: object
+    process: subprocess.Popen[bytes]
 
     @property
     def url(self) -> str:
@@ -48,19 +50,33 @@ class Stack:
         raise KeyError(name)
 
 
+@dataclass(frozen=True)
+class Stack(Gateway):
+    """A gateway in front of a simulator."""
+
+    sim: RunningSim
+
+
+@contextmanager
+def gateway_process(engine_url: str, *gateway_args: str, wait_ready_probe: bool = True) -> Iterator[Gateway]:
+    """A gateway for ``engine_url`` with short drain windows, once its probe answers."""
+    port, control_port = free_port(), free_port()
+    command = [sys.executable, "-m", "genrm_gateway", "serve", "--host", "127.0.0.1", "--port", str(port),
+               "--control-port", str(control_port), "--engine-url", engine_url,
+               "--quiet-seconds", "0.2", "--propagation-seconds", "0.2", "--engine-poll-seconds", "0.1",
+               *gateway_args]
+    with launched(command, env=os.environ | {"GENRM_CONTROL_TOKEN": TOKEN}) as proc:
+        gateway = Gateway(port, control_port, proc)
+        wait_ready(f"{gateway.control}/healthz/ready" if wait_ready_probe else f"{gateway.control}/healthz/live")
+        yield gateway
+
+
 @contextmanager
 def gateway_stack(*gateway_args: str, sim_args: tuple[str, ...] = (), wait_ready_probe: bool = True,
                   ) -> Iterator[Stack]:
-    with run_sim("--random-seed", "3", *sim_args, ready_path=None) as sim:
-        port, control_port = free_port(), free_port()
-        command = [sys.executable, "-m", "genrm_gateway", "serve", "--host", "127.0.0.1", "--port", str(port),
-                   "--control-port", str(control_port), "--engine-url", sim.url,
-                   "--quiet-seconds", "0.2", "--propagation-seconds", "0.2",
-                   "--engine-poll-seconds", "0.1", *gateway_args]
-        with launched(command, env=os.environ | {"GENRM_CONTROL_TOKEN": TOKEN}) as proc:
-            stack = Stack(sim, port, control_port, proc)
-            wait_ready(f"{stack.control}/healthz/ready" if wait_ready_probe else f"{stack.control}/healthz/live")
-            yield stack
+    with run_sim("--random-seed", "3", *sim_args, ready_path=None) as sim, \
+            gateway_process(sim.url, *gateway_args, wait_ready_probe=wait_ready_probe) as gateway:
+        yield Stack(gateway.port, gateway.control_port, gateway.process, sim)
 
 
 @pytest.fixture(scope="module")

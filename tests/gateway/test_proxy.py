@@ -37,7 +37,8 @@ def test_proxies_with_gateway_request_ids_and_echoes_the_clients(shared: Stack) 
 
 
 def test_streaming_passthrough_is_byte_identical(shared: Stack) -> None:
-    body = {"text": "stream me", "rid": "s-1", "stream": True, "sampling_params": {"max_new_tokens": 12, "temperature": 0}}
+    body = {"text": "stream me", "rid": "s-1", "stream": True,
+            "sampling_params": {"max_new_tokens": 12, "temperature": 0}}
 
     def raw(url: str) -> bytes:
         with httpx.stream("POST", f"{url}/generate", json=body) as response:
@@ -141,7 +142,7 @@ def test_sigterm_waits_for_inflight_requests() -> None:
             async with httpx.AsyncClient(timeout=10) as client:
                 slow = asyncio.ensure_future(client.post(f"{stack.url}/generate", json={"text": "x"}))
                 await asyncio.sleep(0.3)
-                stack.process.send_signal(signal.SIGTERM)  # type: ignore[attr-defined]
+                stack.process.send_signal(signal.SIGTERM)
                 await asyncio.sleep(0.5)  # past the 0.2 s propagation window: fenced
                 refused = await client.post(f"{stack.url}/generate", json={"text": "y"})
                 return await slow, refused
@@ -149,4 +150,4 @@ def test_sigterm_waits_for_inflight_requests() -> None:
         slow, refused = asyncio.run(scenario())
         assert slow.status_code == 200
         assert refused.status_code == 503 and refused.headers["x-genrm-reason"] == "draining"
-        assert stack.process.wait(5) == 0  # type: ignore[attr-defined]
+        assert stack.process.wait(5) == 0

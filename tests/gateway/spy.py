@@ -1,0 +1,146 @@
+"""A spy engine for attack tests: records every request the gateway sends it, parsed strictly.
+
+Why a spy and not the simulator: the attack oracle is about what reaches the engine (which
+routes, how many requests, which headers and ids), so the engine side must see the gateway's
+bytes through a strict parser (h11) and keep them. Its admin routes answer 200 like an engine
+that would obey, so a smuggled admin call would be recorded, not refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import h11
+from genrm_sim.testing import free_port
+
+METRICS = b"sglang:num_running_reqs 0\nsglang:num_queue_reqs 0\nsglang:token_usage 0\n"
+STREAM_CHUNK = b"data: " + b"x" * (64 * 1024 - 8) + b"\n\n"
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One request as the engine parsed it."""
+
+    method: str
+    target: str
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+    def json(self) -> dict[str, object]:
+        document: dict[str, object] = json.loads(self.body)
+        return document
+
+
+@dataclass
+class SpyEngine:
+    port: int = field(default_factory=free_port)
+    seen: list[Seen] = field(default_factory=list)
+    broken: list[str] = field(default_factory=list)
+    streamed_bytes: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def since(self, mark: int) -> list[Seen]:
+        return list(self.seen[mark:])
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = h11.Connection(h11.SERVER)
+        request: h11.Request | None = None
+        body = b""
+        try:
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    conn.receive_data(await reader.read(65536))
+                elif isinstance(event, h11.Request):
+                    request, body = event, b""
+                elif isinstance(event, h11.Data):
+                    body += event.data
+                elif isinstance(event, h11.EndOfMessage) and request is not None:
+                    seen = Seen(request.method.decode(), request.target.decode(),
+                                tuple((n.decode(), v.decode("latin-1")) for n, v in request.headers), body)
+                    self.seen.append(seen)
+                    await self._answer(conn, writer, seen)
+                    if conn.our_state is h11.MUST_CLOSE:
+                        break
+                    conn.start_next_cycle()
+                else:  # ConnectionClosed or PAUSED
+                    break
+        except h11.RemoteProtocolError as exc:
+            self.broken.append(f"unparsable request from the gateway: {exc}")
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    async def _answer(self, conn: h11.Connection, writer: asyncio.StreamWriter, seen: Seen) -> None:
+        path = seen.target.split("?", 1)[0]
+        if path == "/metrics":
+            await self._send(conn, writer, 200, METRICS, b"text/plain")
+            return
+        if seen.method != "POST" or not seen.body:
+            await self._send(conn, writer, 200, b'{"object":"list","data":[{"id":"spy"}]}')
+            return
+        try:
+            payload = seen.json()
+        except ValueError:
+            await self._send(conn, writer, 400, b'{"error":"spy: not json"}')
+            return
+        if payload.get("stream"):
+            await self._stream(conn, writer, int(payload.get("chunks", 4)))  # type: ignore[call-overload]
+            return
+        answer = {"text": "spy verdict: 7", "meta_info": {"id": payload.get("rid"), "finish_reason": "stop"}}
+        await self._send(conn, writer, 200, json.dumps(answer).encode())
+
+    @staticmethod
+    async def _send(conn: h11.Connection, writer: asyncio.StreamWriter, status: int, body: bytes,
+                    content_type: bytes = b"application/json") -> None:
+        headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+        writer.write(conn.send(h11.Response(status_code=status, headers=headers)) or b"")
+        writer.write(conn.send(h11.Data(data=body)) or b"")
+        writer.write(conn.send(h11.EndOfMessage()) or b"")
+        await writer.drain()
+
+    async def _stream(self, conn: h11.Connection, writer: asyncio.StreamWriter, chunks: int) -> None:
+        """A server-sent-event stream of ``chunks`` 64 KiB events, written as fast as it is read."""
+        headers = [(b"content-type", b"text/event-stream"), (b"transfer-encoding", b"chunked")]
+        writer.write(conn.send(h11.Response(status_code=200, headers=headers)) or b"")
+        for _ in range(chunks):
+            writer.write(conn.send(h11.Data(data=STREAM_CHUNK)) or b"")
+            await writer.drain()
+            self.streamed_bytes += len(STREAM_CHUNK)
+        writer.write(conn.send(h11.EndOfMessage()) or b"")
+        await writer.drain()
+
+
+@contextmanager
+def running_spy() -> Iterator[SpyEngine]:
+    """The spy on a loopback port, served by its own event loop in a thread."""
+    spy = SpyEngine()
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+
+    async def main() -> None:
+        server = await asyncio.start_server(spy._serve, "127.0.0.1", spy.port)
+        started.set()
+        async with server:
+            with contextlib.suppress(asyncio.CancelledError):
+                await server.serve_forever()
+
+    thread = threading.Thread(target=lambda: loop.run_until_complete(main()), daemon=True)
+    thread.start()
+    started.wait(10)
+    try:
+        yield spy
+    finally:
+        for task in asyncio.all_tasks(loop):
+            loop.call_soon_threadsafe(task.cancel)
+        thread.join(10)
