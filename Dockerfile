@@ -5,8 +5,9 @@
 # wheel built once, into a virtualenv that is copied whole: one small layer, no compiler, no pip cache.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
-# The engine image adds the gateway package to SGLang; pin a release tag for production builds.
-ARG SGLANG_IMAGE=lmsysorg/sglang:latest
+# The engine image adds the gateway package to SGLang, of the release the simulator and the tests
+# follow (engine/genrm_sim/sglang_contract.json; tests/contract checks the tag).
+ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.23
 
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1

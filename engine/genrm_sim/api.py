@@ -129,9 +129,12 @@ class Simulator:
                                  "`--is-embedding` when launching the server or try another model.")
         except (ValueError, BadRequest) as exc:
             return _json({"error": {"message": str(exc)}}, 400)
-        base = call.rid or uuid.uuid4().hex
-        jobs = [Job(rid=base if len(call.inputs) == 1 else f"{base}-{i}", prompt_tokens=count_prompt_tokens(item),
-                    answer=_FORWARD_PASS) for i, item in enumerate(call.inputs)]
+        if call.batch and call.rid is not None:
+            # SGLang's EmbeddingReqInput asserts "The rid should be a list." for a batch: an unhandled 500.
+            return Response("Internal Server Error", 500, media_type="text/plain")
+        rids = list(call.rids) or [call.rid or uuid.uuid4().hex for _ in call.inputs]
+        jobs = [Job(rid=rid, prompt_tokens=count_prompt_tokens(item), answer=_FORWARD_PASS)
+                for rid, item in zip(rids, call.inputs, strict=True)]
         try:
             for job in jobs:
                 self.scheduler.submit(job)

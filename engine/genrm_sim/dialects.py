@@ -250,6 +250,8 @@ class ClassifyCall:
     inputs: tuple[object, ...]
     batch: bool
     model: str
+    rids: tuple[str, ...] = ()
+    """A batch's own request ids, one per input."""
 
 
 def parse_classify(body: JSON, model: str, openai: bool) -> ClassifyCall:
@@ -258,7 +260,11 @@ def parse_classify(body: JSON, model: str, openai: bool) -> ClassifyCall:
     if value is None:
         raise BadRequest("input is required" if openai else "either text or input_ids is required")
     batch = isinstance(value, list) and bool(value) and not all(isinstance(t, int) for t in value)
-    return ClassifyCall(_rid(body), tuple(value) if batch else (value,), batch, str(body.get("model") or model))
+    given = body.get("rid")
+    rids = tuple(str(r) for r in given) if isinstance(given, list) else ()
+    if batch and rids and len(rids) != len(value):
+        raise BadRequest("The specified rids length mismatch with the batch_size for batch processing.")
+    return ClassifyCall(_rid(body), tuple(value) if batch else (value,), batch, str(body.get("model") or model), rids)
 
 
 def classify_response(call: ClassifyCall, rids: list[str], scores: list[float], prompt_tokens: list[int],

@@ -77,7 +77,8 @@ def test_output_length_streaming_and_sglang_shapes() -> None:
         assert httpx.get(f"{sim.url}/v1/models").json()["data"][0]["id"] == "judge"
         for path in ("/model_info", "/get_model_info"):
             info = httpx.get(f"{sim.url}{path}").json()
-            assert (info["model_path"], info["served_model_name"], info["is_generation"]) == ("judge-sim", "judge", True)
+            assert (info["model_path"], info["served_model_name"], info["is_generation"]) == \
+                ("judge-sim", "judge", True)
         for path in ("/get_server_info", "/server_info"):
             info = httpx.get(f"{sim.url}{path}").json()
             assert info["random_seed"] == 1
@@ -200,6 +201,8 @@ def test_reward_model_answers_classify_with_scores() -> None:
         assert httpx.post(f"{b.url}/classify", json={"text": "good answer"}).json()["embedding"] == one["embedding"]
         batch = httpx.post(f"{a.url}/classify", json={"text": ["good answer", "bad answer"]}).json()
         assert batch[0]["embedding"] == one["embedding"] != batch[1]["embedding"]
+        one_rid_for_a_batch = httpx.post(f"{a.url}/classify", json={"text": ["a", "b"], "rid": "r"})
+        assert one_rid_for_a_batch.status_code == 500  # SGLang asserts that a batch has a list of rids
         openai = httpx.post(f"{a.url}/v1/classify", json={"input": "good answer"}).json()
         assert openai["data"][0]["probs"] == [1.0]  # SGLang's softmax over one label
         assert httpx.post(f"{a.url}/generate", json={"text": "x"}).status_code == 400

@@ -1,4 +1,5 @@
-"""Talking to replica gateway sidecars: state, drain, undrain and verification probes.
+"""Talking to replica gateway sidecars: state, drain, undrain and verification probes (generation or
+reward-model scores).
 
 An unreachable or confused sidecar yields ``None``: the core treats that as
 unknown, never as drained, so a network blip can never release a victim.
@@ -7,7 +8,9 @@ unknown, never as drained, so a network blip can never release a victim.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -101,23 +104,41 @@ class SidecarClient:
         return response.status_code == 200
 
     async def answers(self, ep: Endpoint, spec: VerificationSpec) -> list[str]:
-        """Probe answers of one replica, in probe order (raises on any failure)."""
-        probes = spec.requests or list(DEFAULT_PROBES)
+        """Probe answers of one replica, in probe order (raises on any failure).
+
+        A generative judge answers on ``/generate`` with text; a reward (sequence-classification)
+        model, which SGLang serves on ``/classify`` only, answers with its score. The engine's
+        ``/model_info`` says which. Each probe carries a request id of its own: SGLang refuses a
+        second request under an id still in flight, and verifications of several replicas overlap.
+        """
+        timeout = float(spec.timeout_seconds)
+        info = await self._http.get(f"{ep.traffic}/model_info", timeout=timeout)
+        info.raise_for_status()
+        generation = bool(info.json().get("is_generation", True))
         out: list[str] = []
-        for probe in probes:
-            payload = {
-                "text": probe.prompt,
-                "sampling_params": {
-                    "max_new_tokens": probe.max_new_tokens, "temperature": 0.7,
-                    "sampling_seed": spec.sampling_seed,
-                },
-            }
-            response = await self._http.post(
-                f"{ep.traffic}/generate", json=payload, timeout=float(spec.timeout_seconds),
-            )
+        for probe in spec.requests or DEFAULT_PROBES:
+            path, payload = probe_request(probe, spec.sampling_seed, generation)
+            response = await self._http.post(f"{ep.traffic}{path}", json=payload, timeout=timeout,
+                                             headers={"X-Request-Id": f"genrm-verify-{uuid.uuid4().hex}"})
             response.raise_for_status()
-            out.append(str(response.json().get("text", "")))
+            out.append(probe_answer(response.json(), generation))
         return out
+
+
+def probe_request(probe: ProbeRequest, sampling_seed: int, generation: bool) -> tuple[str, dict[str, Any]]:
+    """Route and body of one probe: a seeded sampled generation (equal across replicas only under
+    deterministic inference, which the API requires for verification), or a classification."""
+    if not generation:
+        return "/classify", {"text": probe.prompt}
+    return "/generate", {"text": probe.prompt, "sampling_params": {
+        "max_new_tokens": probe.max_new_tokens, "temperature": 0.7, "sampling_seed": sampling_seed}}
+
+
+def probe_answer(doc: Any, generation: bool) -> str:
+    """What is compared across replicas: the generated text, or the exact reward score(s)."""
+    if generation:
+        return str(doc.get("text", ""))
+    return json.dumps(doc.get("embedding"))
 
 
 def compare(candidate: list[str], reference: list[str] | None) -> tuple[bool, str]:

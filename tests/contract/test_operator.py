@@ -1,0 +1,127 @@
+"""The operator against SGLang's contract: the engine command lines it renders (examples included)
+start on SGLang, the images are the pinned release, and its verification probes work on engines as
+strict as SGLang, for generative judges and reward models alike."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from genrm_operator.api.pool import GenRMPoolSpec
+from genrm_operator.api.spec import SGLANG_IMAGE_TAG, ProbeRequest, VerificationSpec
+from genrm_operator.core import children
+from genrm_operator.shell.sidecar import Endpoint, SidecarClient, compare
+from genrm_sim import cli
+from genrm_sim.contract import Contract
+from genrm_sim.testing import run_sim
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+def engine_container(spec: GenRMPoolSpec) -> dict[str, Any]:
+    pod = children.pod_manifest("p", "uid", "ns", spec, "p-0", 0)
+    return next(c for c in pod["spec"]["containers"] if c["name"] == "engine")
+
+
+def assert_sglang_starts(args: list[str], sglang: Contract, simulator: bool = False) -> None:
+    """Every flag spelled exactly as SGLang spells it (no abbreviation), and the command line passes
+    SGLang's parser and start-up checks as the simulator repeats them."""
+    names = {n for f in sglang.flags for n in f.names}
+    for token in args:
+        if token.startswith("--") and not (simulator and token.startswith("--sim-")):
+            assert token.split("=", 1)[0] in names, f"{token} is not a flag of SGLang {sglang.version}"
+    cli.parse_config(args)
+
+
+@pytest.mark.parametrize("wire", [
+    {},
+    {"model": {"path": "org/judge", "servedName": "judge", "revision": "abc123"}},
+    {"engine": {"deterministic": False, "tensorParallelSize": 2, "gpusPerReplica": 2},
+     "verification": {"enabled": False}},
+    {"engine": {"extraArgs": ["--attention-backend", "fa3", "--mem-fraction-static", "0.8"]}},
+])
+def test_the_pod_builders_engine_command_line_starts_on_sglang(wire: dict[str, Any], sglang: Contract) -> None:
+    spec = GenRMPoolSpec.model_validate({"model": {"path": "org/judge"}} | wire)
+    container = engine_container(spec)
+    assert container["command"] == ["python3", "-m", "sglang.launch_server"]
+    assert_sglang_starts(container["args"], sglang)
+
+
+def test_an_extra_arg_sglang_would_refuse_is_caught(sglang: Contract) -> None:
+    for extra in (["--attention-backend", "torch_native"], ["--mem-fraction", "0.8", "--no-such-flag"]):
+        spec = GenRMPoolSpec.model_validate({"model": {"path": "m"}, "engine": {"extraArgs": extra}})
+        with pytest.raises((AssertionError, SystemExit)):
+            assert_sglang_starts(engine_container(spec)["args"], sglang)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_each_example_renders_an_engine_that_starts(path: Path, sglang: Contract) -> None:
+    doc = yaml.safe_load(path.read_text())
+    spec = GenRMPoolSpec.model_validate(doc["spec"])
+    container = engine_container(spec)
+    simulator = container["command"] == ["genrm-sim"]
+    assert_sglang_starts(container["args"], sglang, simulator=simulator)
+    if simulator:
+        return
+    assert spec.engine.image == f"lmsysorg/sglang:{sglang.image_tag}"
+    assert not spec.verification.enabled or spec.engine.deterministic
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    mounts = [m["mountPath"] for m in container["volumeMounts"]]
+    assert env.get("HF_HOME") in mounts, "the model cache must be mounted where the engine reads it"
+
+
+def test_the_project_pins_one_sglang_release(sglang: Contract) -> None:
+    assert SGLANG_IMAGE_TAG == sglang.image_tag
+    assert GenRMPoolSpec.model_validate({"model": {"path": "m"}}).engine.image == f"lmsysorg/sglang:{sglang.image_tag}"
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert re.search(rf"^ARG SGLANG_IMAGE=lmsysorg/sglang:{re.escape(sglang.image_tag)}$", dockerfile, re.M)
+    for path in [*EXAMPLES, ROOT / "README.md"]:
+        for tag in re.findall(r"lmsysorg/sglang:([\w.\-]+)", path.read_text()):
+            assert tag == sglang.image_tag, f"{path.name} uses lmsysorg/sglang:{tag}"
+
+
+def probe(endpoint: Endpoint, verification: VerificationSpec) -> list[str]:
+    async def run() -> list[str]:
+        client = SidecarClient()
+        try:
+            return await client.answers(endpoint, verification)
+        finally:
+            await client.close()
+    return asyncio.run(run())
+
+
+def endpoint(port: int) -> Endpoint:
+    return Endpoint("127.0.0.1", port, 0, "")
+
+
+def test_probes_agree_across_deterministic_judges_and_overlapping_verifications_do_not_collide() -> None:
+    spec = VerificationSpec()
+    with run_sim("--enable-deterministic-inference", "--random-seed", "1", "--sim-ttft-ms", "200") as a, \
+            run_sim("--enable-deterministic-inference", "--random-seed", "2") as b, \
+            run_sim("--enable-deterministic-inference", "--sim-perturb") as perturbed:
+        async def overlapping() -> list[list[str]]:
+            client = SidecarClient()
+            try:
+                return list(await asyncio.gather(*(client.answers(endpoint(a.port), spec) for _ in range(3))))
+            finally:
+                await client.close()
+        answers = asyncio.run(overlapping())
+        assert answers[0] == answers[1] == answers[2]
+        assert compare(probe(endpoint(b.port), spec), answers[0])[0]
+        assert not compare(probe(endpoint(perturbed.port), spec), answers[0])[0]
+
+
+def test_reward_model_pools_are_verified_by_their_scores() -> None:
+    spec = VerificationSpec(requests=[ProbeRequest(prompt="2+2=4"), ProbeRequest(prompt="2+2=5")])
+    with run_sim("--sim-classifier", "--enable-deterministic-inference") as a, \
+            run_sim("--sim-classifier", "--enable-deterministic-inference") as b, \
+            run_sim("--sim-classifier", "--enable-deterministic-inference", "--sim-perturb") as perturbed:
+        scores = probe(endpoint(a.port), spec)
+        assert len(scores) == 2 and all(isinstance(float(s.strip("[]")), float) for s in scores)
+        assert compare(probe(endpoint(b.port), spec), scores) == (True, "2 probes identical to the reference")
+        assert not compare(probe(endpoint(perturbed.port), spec), scores)[0]
