@@ -80,6 +80,10 @@ def _structural(node: Any, defs: Schema) -> Any:
             node["anyOf"] = options
     if "const" in node:
         node["enum"] = [node.pop("const")]
+    for bound, flag in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        if isinstance(node.get(flag), int | float) and not isinstance(node[flag], bool):
+            # pydantic writes JSON Schema 2020's numeric form; Kubernetes wants OpenAPI v3.0's flag
+            node[bound], node[flag] = node[flag], True
     node.pop("title", None)
     extra = node.pop("additionalProperties", None)
     if node.get("type") == "object" and "properties" not in node:
