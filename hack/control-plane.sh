@@ -2,7 +2,8 @@
 # Build (or reuse) the local control-plane binaries from Go modules.
 #
 # Why: CI machines have no Docker engine, so the e2e suite runs a real
-# kube-apiserver + etcd built from the pinned wrapper modules in hack/bins/.
+# kube-apiserver + etcd (+ controller-manager, scheduler, kube-proxy, kubectl,
+# helm) built from the pinned wrapper modules in hack/bins/.
 # Binaries land in a versioned cache directory outside the checkout and are
 # reused when present, so a warm run takes seconds.
 #
@@ -57,6 +58,7 @@ build etcd etcd go.etcd.io/etcd/server/v3
 build kube-apiserver k8s k8s.io/kubernetes/cmd/kube-apiserver "$K8S_LDF"
 build kube-controller-manager k8s k8s.io/kubernetes/cmd/kube-controller-manager "$K8S_LDF"
 build kube-scheduler k8s k8s.io/kubernetes/cmd/kube-scheduler "$K8S_LDF"
+build kube-proxy k8s k8s.io/kubernetes/cmd/kube-proxy "$K8S_LDF"
 build kubectl k8s k8s.io/kubernetes/cmd/kubectl "$K8S_LDF"
 build helm helm helm.sh/helm/v3/cmd/helm "-X helm.sh/helm/v3/internal/version.version=v$HELM_VERSION"
 echo "$OUT"

@@ -1,16 +1,19 @@
-"""`LocalCluster`: the control plane plus the node agent, as one context manager.
+"""`LocalCluster`: the pod network, the control plane, kube-proxy and the node agent, as one
+context manager.
 
 Why one object: tests, `genrm-cluster up` and `make dev` all want the same thing — a working
-cluster, its kubeconfig, kubectl, pod logs — and the same clean teardown (pods, network
-namespaces, control-plane processes, work dir), whatever goes wrong in between.
+cluster, its kubeconfig, kubectl, pod logs, Service ClusterIPs that answer — and the same clean
+teardown (pods, network namespaces, kube-proxy's rules, control-plane processes, work dir),
+whatever goes wrong in between.
 
     with LocalCluster(nodes=1, gpus_per_node=8) as c:
         c.kubectl("apply", "-f", "pool.yaml")
-        print(c.kubeconfig, c.logs_for("demo-0"))
+        print(c.kubeconfig, c.logs_for("demo-0"), c.service_url("default", "demo"))
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -22,7 +25,9 @@ from types import TracebackType
 
 from genrm_cluster.controlplane import ControlPlane
 from genrm_cluster.kubeapi import KubeAPI
+from genrm_cluster.netns import PodNetwork
 from genrm_cluster.nodeagent import NodeAgent, NodeConfig
+from genrm_cluster.serviceproxy import ServiceProxy
 
 log = logging.getLogger("genrm_cluster")
 
@@ -48,7 +53,9 @@ class LocalCluster:
                              if keep_workdir is None else keep_workdir)
         self.control_plane = ControlPlane(self.workdir, bin_dir)
         self.node_configs = [NodeConfig(f"node-{i + 1}", gpus=gpus_per_node) for i in range(nodes)]
+        self.network = PodNetwork()
         self._agent: NodeAgent | None = None
+        self._proxy: ServiceProxy | None = None
 
     @property
     def kubeconfig(self) -> Path:
@@ -79,12 +86,37 @@ class LocalCluster:
         """Container name → log file of the newest pod with that name run by the agent."""
         return self.agent.log_paths(namespace, pod)
 
+    def service_url(self, namespace: str, name: str, port_name: str = "http") -> str:
+        """`http://<ClusterIP>:<port>` of a Service, only if its address stays on this host.
+
+        Refuses (RuntimeError) unless the host routes the ClusterIP into this cluster's service
+        range via its router namespace (netns.py), so nothing ever dials an address that could
+        leave the machine.
+        """
+        svc = self.api.get(f"/api/v1/namespaces/{namespace}/services/{name}")
+        address = svc["spec"].get("clusterIP", "")
+        port = next(p["port"] for p in svc["spec"]["ports"] if p.get("name", "") == port_name)
+        if not address or address == "None" or not self.network.service_route_in_place(address):
+            raise RuntimeError(f"refusing to dial Service {namespace}/{name} at {address!r}: not routed "
+                               f"into this cluster's service range {self.network.service_cidr} "
+                               f"via {self.network.router_ip} on {self.network.bridge}")
+        return f"http://{address}:{port}"
+
     def start(self) -> None:
+        """Network slot first: it decides the service range the apiserver is started with."""
         try:
-            self.control_plane.start()
+            self.network.setup()
+            self.control_plane.start(self.network.service_cidr)
             log.info("control plane up; kubeconfig %s", self.kubeconfig)
-            self._agent = NodeAgent(self.api, self.node_configs, self.workdir)
+            self._agent = NodeAgent(self.api, self.node_configs, self.workdir, self.network)
             self._agent.start()
+            assert self.network.router is not None
+            self._proxy = ServiceProxy(
+                self.bin_dir, self.workdir, self.network.router, self.control_plane.api_port,
+                functools.partial(self.control_plane.client_kubeconfig, "kube-proxy", "system:kube-proxy"),
+                node=self.node_configs[0].name, cluster_cidr=str(self.network.network))
+            self._proxy.start()
+            log.info("kube-proxy up; services %s via %s", self.network.service_cidr, self.network.router_ip)
             self._wait_schedulable()
         except BaseException:
             self.stop()
@@ -108,11 +140,15 @@ class LocalCluster:
         raise RuntimeError(f"nodes {sorted(names)} still not schedulable after {timeout:g}s")
 
     def stop(self) -> None:
-        """Kill pods and remove their network, stop the control plane, remove the work dir."""
+        """Kill pods, stop kube-proxy and the control plane, remove the network and the work dir."""
         if self._agent is not None:
             self._agent.stop()
             self._agent = None
+        if self._proxy is not None:
+            self._proxy.stop()
+            self._proxy = None
         self.control_plane.stop()
+        self.network.teardown()
         if self.keep_workdir:
             log.info("work dir kept: %s", self.workdir)
         else:

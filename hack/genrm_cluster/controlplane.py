@@ -7,7 +7,8 @@ given by the caller (`LocalCluster` puts it under /dev/shm, so etcd's writes sta
 
 * `--advertise-address=127.0.0.1 --endpoint-reconciler-type=none`: no default-route lookup and no
   loopback address written into the `kubernetes` Endpoints (which validation rejects).
-* The service CIDR is 10.96.0.0/16; nothing routes it (the node agent blackholes it).
+* The service range is the network slot's (netns.py), given to `start()`; kube-proxy
+  (serviceproxy.py) makes it work.
 * kube-controller-manager runs all default controllers (garbage collector, EndpointSlices,
   namespace, ServiceAccount, node lifecycle, ...) with per-controller ServiceAccount credentials.
 * Leader election and API priority-and-fairness are off: one instance each, 2 shared cores.
@@ -22,13 +23,11 @@ import ssl
 import subprocess
 import time
 from pathlib import Path
-from types import TracebackType
 
 import httpx
 
 from genrm_cluster import procutil
 from genrm_cluster.kubeapi import ApiError, KubeAPI
-from genrm_cluster.netns import SERVICE_CIDR
 from genrm_cluster.pki import PKI, CertPair
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +77,7 @@ def write_kubeconfig(path: Path, server: str, ca: Path, client: CertPair, user: 
 
 
 class ControlPlane:
-    """Starts and stops one local control plane; use as a context manager.
+    """Starts and stops one local control plane.
 
     After `start()`: `kubeconfig` (admin, system:masters), `server`, `api` (a `KubeAPI` as admin),
     `logs` (component name → log file).
@@ -93,6 +92,7 @@ class ControlPlane:
         self.api_port = free_port()
         self.server = f"https://127.0.0.1:{self.api_port}"
         self.kubeconfig = self.workdir / "admin.kubeconfig"
+        self.pki = PKI(self.workdir / "pki")
         self._api: KubeAPI | None = None
 
     @property
@@ -101,28 +101,21 @@ class ControlPlane:
             raise ControlPlaneError("control plane not started")
         return self._api
 
-    def __enter__(self) -> ControlPlane:
-        self.start()
-        return self
+    def client_kubeconfig(self, name: str, user: str, server: str) -> Path:
+        """A kubeconfig with a fresh client certificate for `user`, talking to `server`."""
+        return write_kubeconfig(self.workdir / f"{name}.kubeconfig", server, self.pki.ca.cert,
+                                self.pki.client_cert(name, user), name)
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    def start(self) -> None:
+    def start(self, service_cidr: str) -> None:
         """Create the PKI, start the four components in order and wait until each is healthy."""
         try:
-            self._start()
+            self._start(service_cidr)
         except BaseException:
             self.stop()
             raise
 
-    def _start(self) -> None:
-        pki = PKI(self.workdir / "pki")
+    def _start(self, service_cidr: str) -> None:
+        pki = self.pki
         serving = pki.serving_cert("apiserver", "kube-apiserver")
         sa = pki.service_account_keys()
         admin = pki.client_cert("admin", "admin", ("system:masters",))
@@ -159,7 +152,7 @@ class ControlPlane:
             f"--service-account-issuer={SA_ISSUER}",
             f"--service-account-key-file={sa.cert}", f"--service-account-signing-key-file={sa.key}",
             f"--api-audiences={SA_ISSUER}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--service-cluster-ip-range={service_cidr}",
             "--authorization-mode=Node,RBAC", "--allow-privileged=true",
             "--enable-admission-plugins=NodeRestriction",
             "--enable-aggregator-routing=true",

@@ -11,14 +11,19 @@ reaches it), exactly like a real pod. The design:
   pod IP (10.244.x.y/16), `gv<slot>-<n>` on the bridge. Containers run under `ip netns exec`, so
   processes of one pod talk over 127.0.0.1 and the host (agent probes, operator, tests) reaches
   them at podIP:port through the bridge. Pods reach each other over the bridge.
-* Pods get no default route: from inside a pod only the pod subnet is reachable, so nothing can
-  leave the host. On the host, `blackhole 10.96.0.0/16` (the service CIDR) makes stray ClusterIP
-  dials fail locally; there is no kube-proxy.
+* Pods get no default route: from inside a pod only the pod subnet and the slot's service range
+  are reachable, so nothing can leave the host.
+* Services: each slot has its own service range (`10.96.0.0/16` for slot 0, `10.97.0.0/16` for
+  slot 1, ...), so concurrent clusters never share a ClusterIP. It is routed, on the host and in
+  every pod, onto the bridge via a per-slot router namespace `genrm<slot>-proxy` (the last address
+  of the /16, `gv<slot>-proxy` on the bridge) in which kube-proxy programs its rules (see
+  serviceproxy.py). The range is confined to the host: the bridge has no uplink, the router has
+  no other interface and nothing forwards between the bridge and any other interface of the host.
+  Deleting the router namespace deletes every rule kube-proxy made.
 * A slot is owned through an flock on /run/genrm-cluster/slot-<slot>.lock held for the agent's
   lifetime, so concurrent clusters on one host do not collide. On acquiring a slot, leftovers of a
   crashed run with that slot's name prefix (namespaces and the processes in them, veths, bridge)
-  are removed; on release everything is removed again, and the blackhole route too when no other
-  slot is in use.
+  are removed; on release everything is removed again (routes via the bridge go with it).
 * Pods cannot reach the apiserver (it listens on the host's 127.0.0.1 only); the project's pods do
   not need it.
 
@@ -38,8 +43,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-SERVICE_CIDR = "10.96.0.0/16"
-"""The apiserver's service range (controlplane.py passes it on); blackholed on the host."""
 LOCK_DIR = Path("/run/genrm-cluster")
 MAX_SLOTS = 8
 
@@ -69,6 +72,10 @@ class PodNetns:
         return ["ip", "netns", "exec", self.name]
 
 
+ROUTER = "proxy"
+"""Suffix of the router namespace and veth of a slot (pods are numbered, so no clash)."""
+
+
 class PodNetwork:
     """Owns a slot (bridge + /16) and hands out per-pod namespaces; see the module docstring."""
 
@@ -78,6 +85,7 @@ class PodNetwork:
         self._counter = 0
         self._mutex = threading.Lock()
         self.network = ipaddress.IPv4Network("10.244.0.0/16")
+        self.router: PodNetns | None = None
 
     @property
     def bridge(self) -> str:
@@ -87,8 +95,18 @@ class PodNetwork:
     def host_ip(self) -> str:
         return str(self.network[1])
 
+    @property
+    def router_ip(self) -> str:
+        """The router namespace's address: the last host address of the slot's /16."""
+        return str(self.network[-2])
+
+    @property
+    def service_cidr(self) -> str:
+        """The slot's service range, given to the apiserver as --service-cluster-ip-range."""
+        return f"10.{96 + self.slot}.0.0/16"
+
     def setup(self) -> None:
-        """Take a free slot, clean its leftovers, create the bridge and the blackhole route."""
+        """Take a free slot, clean its leftovers, create the bridge, the router and its route."""
         LOCK_DIR.mkdir(parents=True, exist_ok=True)
         for slot in range(MAX_SLOTS):
             lock = (LOCK_DIR / f"slot-{slot}.lock").open("wb")
@@ -106,14 +124,38 @@ class PodNetwork:
         ip("link", "add", self.bridge, "type", "bridge")
         ip("addr", "add", f"{self.host_ip}/{self.network.prefixlen}", "dev", self.bridge)
         ip("link", "set", self.bridge, "up")
-        ip("route", "replace", "blackhole", SERVICE_CIDR)
+        self.router = self._attach(f"genrm{self.slot}-{ROUTER}", self.router_ip, f"gv{self.slot}-{ROUTER}")
+        # Per-namespace settings, so the host's stay untouched. The router forwards back out of the
+        # interface a packet came in on; a redirect would tell the sender to bypass its NAT.
+        subprocess.run([*self.router.exec_prefix(), "sysctl", "-q", "-w", "net.ipv4.ip_forward=1",
+                        "net.ipv4.conf.all.send_redirects=0", "net.ipv4.conf.eth0.send_redirects=0"],
+                       check=True, capture_output=True)
+        ip("route", "replace", self.service_cidr, "via", self.router_ip, "dev", self.bridge)
 
     def add_pod(self) -> PodNetns:
         """Create a namespace with `lo` up and a veth to the bridge carrying a fresh pod IP."""
         with self._mutex:
             self._counter += 1
             n = self._counter
-        pod = PodNetns(f"genrm{self.slot}-{n}", str(self.network[n + 1]), f"gv{self.slot}-{n}")
+        pod = self._attach(f"genrm{self.slot}-{n}", str(self.network[n + 1]), f"gv{self.slot}-{n}")
+        ip("-n", pod.name, "route", "add", self.service_cidr, "via", self.router_ip)
+        return pod
+
+    def service_route_in_place(self, address: str) -> bool:
+        """Whether the host routes `address` into this slot's service range via its router.
+
+        The harness asks this before dialling a ClusterIP, so a test can never send traffic to
+        a service address that might leave the host.
+        """
+        if self._lock_file is None or ipaddress.IPv4Address(address) not in ipaddress.IPv4Network(
+                self.service_cidr):
+            return False
+        route = ip("-o", "route", "get", address).split()
+        return route[:5] == [address, "via", self.router_ip, "dev", self.bridge]
+
+    def _attach(self, name: str, address: str, host_veth: str) -> PodNetns:
+        """A namespace with `lo` up and `eth0` on the bridge carrying `address`."""
+        pod = PodNetns(name, address, host_veth)
         ip("netns", "add", pod.name)
         ip("link", "add", pod.host_veth, "type", "veth", "peer", "name", "eth0", "netns", pod.name)
         ip("link", "set", pod.host_veth, "master", self.bridge, "up")
@@ -128,14 +170,12 @@ class PodNetwork:
         ip("link", "del", pod.host_veth, check=False)
 
     def teardown(self) -> None:
-        """Remove every object of the slot, release it, and drop the route if no slot is in use."""
+        """Remove every object of the slot (the router and its rules too), then release it."""
         if self._lock_file is None:
             return
         self._remove_slot_objects()
         self._lock_file.close()
         self._lock_file = None
-        if not _any_slot_locked():
-            ip("route", "del", "blackhole", SERVICE_CIDR, check=False)
 
     def _remove_slot_objects(self) -> None:
         prefix = f"genrm{self.slot}-"
@@ -156,15 +196,3 @@ def _remove_netns(name: str) -> None:
             os.kill(int(pid), signal.SIGKILL)
     ip("netns", "del", name, check=False)
 
-
-def _any_slot_locked() -> bool:
-    for slot in range(MAX_SLOTS):
-        path = LOCK_DIR / f"slot-{slot}.lock"
-        if not path.exists():
-            continue
-        with path.open("wb") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-    return False

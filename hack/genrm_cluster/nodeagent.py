@@ -57,19 +57,18 @@ def _micro_now() -> str:
 class NodeAgent:
     """Registers `nodes` and runs the pods bound to them until `stop()`."""
 
-    def __init__(self, api: KubeAPI, nodes: list[NodeConfig], workdir: Path) -> None:
+    def __init__(self, api: KubeAPI, nodes: list[NodeConfig], workdir: Path, network: PodNetwork) -> None:
         self.api = api
         self.nodes = {n.name: n for n in nodes}
         self.workdir = workdir
-        self.network = PodNetwork()
+        self.network = network
         self.runners: dict[str, PodRunner] = {}  # by pod UID
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
-        """Set up the pod network, register the nodes and start heartbeats and the pod watch."""
-        self.network.setup()
+        """Register the nodes (on the caller's pod network) and start heartbeats and the pod watch."""
         for node in self.nodes.values():
             self._register(node)
         for target, name in ((self._heartbeat_loop, "node-heartbeat"), (self._watch_loop, "pod-watch")):
@@ -78,7 +77,7 @@ class NodeAgent:
             self._threads.append(thread)
 
     def stop(self) -> None:
-        """Kill every pod (no hooks: the whole cluster is going away) and remove the network."""
+        """Kill every pod (no hooks: the whole cluster is going away); the caller owns the network."""
         self._stop.set()
         with self._lock:
             runners = list(self.runners.values())
@@ -86,7 +85,6 @@ class NodeAgent:
             runner.kill()
         for runner in runners:
             runner.finished.wait(10.0)
-        self.network.teardown()
 
     def log_paths(self, namespace: str, name: str) -> dict[str, Path]:
         """Container name → log file of the newest pod with that name (also after it finished)."""

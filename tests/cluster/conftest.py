@@ -13,7 +13,7 @@ from genrm_cluster.cluster import LocalCluster
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[LocalCluster]:
     # A hard failure, not a skip: CI runs as root, and a silently skipped cluster suite proves nothing.
-    assert os.geteuid() == 0 and shutil.which("ip") is not None, \
-        "the local cluster needs root and iproute2 (network namespaces)"
+    assert os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("nft") is not None, \
+        "the local cluster needs root, iproute2 (network namespaces) and nftables (kube-proxy): make tools"
     with LocalCluster(nodes=1, gpus_per_node=8) as c:
         yield c

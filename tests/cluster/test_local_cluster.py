@@ -6,6 +6,7 @@ network namespaces the agent created) or over loopback inside the pod.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import subprocess
 import time
@@ -118,6 +119,46 @@ def test_readiness_drives_ready_and_endpoints(cluster: LocalCluster) -> None:
     wait_for(cluster, "web", "unready in the EndpointSlice", lambda: endpoint_ready() is False)
 
 
+def test_a_service_clusterip_answers_from_the_host_and_from_pods(cluster: LocalCluster) -> None:
+    """kube-proxy (in the slot's router namespace) forwards a ClusterIP to a ready endpoint."""
+    create(cluster, pod_manifest("echo", {
+        "name": "echo", "command": ["python3", "-m", "http.server", "8080"],
+        "readinessProbe": {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1},
+    }))
+    create(cluster, pod_manifest("caller", {"name": "caller", "command": ["sleep", "3600"]}))
+    create(cluster, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "echo"},
+                     "spec": {"selector": {"app": "echo"}, "ports": [{"name": "http", "port": 80,
+                                                                     "targetPort": 8080}]}})
+    wait_for(cluster, "echo", "Ready", lambda: condition(get_pod(cluster, "echo"), "Ready").get("status") == "True")
+    wait_for(cluster, "caller", "Running", lambda: get_pod(cluster, "caller")["status"].get("phase") == "Running")
+    url = cluster.service_url("default", "echo")
+    assert url.startswith("http://10.") and url.endswith(":80")
+
+    def answers() -> bool:
+        try:
+            with urllib.request.urlopen(f"{url}/", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+    wait_for(cluster, "echo", "answering at its ClusterIP from the host", answers)
+    caller = next(r.netns for r in cluster.agent.runners.values()
+                  if r.pod["metadata"]["name"] == "caller" and r.netns is not None)
+    inside = subprocess.run([*caller.exec_prefix(), "python3", "-c",
+                             f"import urllib.request; print(urllib.request.urlopen('{url}/', timeout=5).status)"],
+                            capture_output=True, text=True, timeout=30)
+    assert inside.stdout.strip() == "200", inside.stderr
+
+
+def test_service_url_refuses_an_address_outside_the_routed_service_range(cluster: LocalCluster) -> None:
+    create(cluster, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "headless"},
+                     "spec": {"clusterIP": "None", "selector": {"app": "none"},
+                              "ports": [{"name": "http", "port": 80}]}})
+    with pytest.raises(RuntimeError, match="refusing to dial"):
+        cluster.service_url("default", "headless")
+    assert not cluster.network.service_route_in_place("10.244.0.5")
+    assert not cluster.network.service_route_in_place("192.0.2.7")
+
+
 def test_env_secret_and_downward_api(cluster: LocalCluster) -> None:
     cluster.kubectl("create", "secret", "generic", "tok", "--from-literal=token=s3cret")
     create(cluster, pod_manifest("envs", {
@@ -207,7 +248,11 @@ def test_teardown_leaves_nothing(tmp_path: Path) -> None:
     slot right away and create objects with the same prefix.
     """
     workdir = tmp_path / "cluster"
+    host_rules = _host_rules()
     with LocalCluster(workdir=workdir) as second:
+        router = second.network.router
+        first_service_ip = str(ipaddress.ip_network(second.network.service_cidr)[1])
+        assert router is not None and second.network.service_route_in_place(first_service_ip)
         create(second, pod_manifest("sleeper", {"name": "main", "command": ["sleep", "3600"]}))
         wait_for(second, "sleeper", "Running",
                  lambda: get_pod(second, "sleeper")["status"].get("phase") == "Running")
@@ -217,6 +262,14 @@ def test_teardown_leaves_nothing(tmp_path: Path) -> None:
     assert not Path(f"/proc/{pid}").exists()
     assert str(workdir) not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert not workdir.exists()
-    for ns in netns:
+    for ns in [*netns, router]:
         assert not Path(f"/run/netns/{ns.name}").exists()
         assert not Path(f"/sys/class/net/{ns.host_veth}").exists()
+    assert _host_rules() == host_rules, "kube-proxy's rules live and die in the router namespace"
+
+
+def _host_rules() -> tuple[str, str]:
+    """The host's nftables ruleset and iptables rules (kube-proxy must never add any)."""
+    nft = subprocess.run(["nft", "list", "ruleset"], capture_output=True, text=True, check=True).stdout
+    ipt = subprocess.run(["iptables-save"], capture_output=True, text=True, check=True).stdout
+    return nft, "\n".join(line for line in ipt.splitlines() if not line.startswith("#"))
