@@ -9,10 +9,9 @@ that would obey, so a smuggled admin call would be recorded, not refused.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -121,26 +120,45 @@ class SpyEngine:
         await writer.drain()
 
 
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
 @contextmanager
-def running_spy() -> Iterator[SpyEngine]:
-    """The spy on a loopback port, served by its own event loop in a thread."""
-    spy = SpyEngine()
+def serving(handler: Handler, port: int) -> Iterator[None]:
+    """A TCP server on a loopback port, run by its own event loop in a thread.
+
+    On exit every connection task is cancelled and awaited before the loop closes: tasks left
+    pending would be destroyed later by the garbage collector, at an arbitrary moment of the test run.
+    """
     loop = asyncio.new_event_loop()
     started = threading.Event()
+    stop = asyncio.Event()
 
     async def main() -> None:
-        server = await asyncio.start_server(spy._serve, "127.0.0.1", spy.port)
+        server = await asyncio.start_server(handler, "127.0.0.1", port)
         started.set()
-        async with server:
-            with contextlib.suppress(asyncio.CancelledError):
-                await server.serve_forever()
+        await stop.wait()
+        server.close()
+        current = asyncio.current_task()
+        tasks = [task for task in asyncio.all_tasks() if task is not current]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     thread = threading.Thread(target=lambda: loop.run_until_complete(main()), daemon=True)
     thread.start()
     started.wait(10)
     try:
-        yield spy
+        yield
     finally:
-        for task in asyncio.all_tasks(loop):
-            loop.call_soon_threadsafe(task.cancel)
+        loop.call_soon_threadsafe(stop.set)
         thread.join(10)
+        loop.close()
+
+
+@contextmanager
+def running_spy() -> Iterator[SpyEngine]:
+    """The spy on a loopback port."""
+    spy = SpyEngine()
+    with serving(spy._serve, spy.port):
+        yield spy
