@@ -53,7 +53,7 @@ def test_streaming_passthrough_is_byte_identical(shared: Stack) -> None:
 
 
 def test_refusals_are_json_and_counted(shared: Stack) -> None:
-    for path in ("/flush_cache", "/update_weights_from_disk", "/shutdown", "/start_profile"):
+    for path in ("/flush_cache", "/update_weights_from_disk", "/update_weights_from_ipc", "/start_profile"):
         response = httpx.post(f"{shared.url}{path}", json={})
         assert response.status_code in (403, 404)
         assert response.json()["error"]["reason"] == "notAllowed"
