@@ -31,6 +31,7 @@ test: venv tools lint control-plane unit e2e
 lint: venv
 	$(VENV)/bin/ruff check operator gateway engine hack tests e2e
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy hack/sglang_contract.py
 	$(VENV)/bin/lint-imports
 
 unit: venv tools control-plane
