@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from genrm_cluster.cluster import LocalCluster
 
-from .harness import REPO, TALLY, Cluster, OperatorProcess
+from .harness import REPO, SOAK, TALLY, Cluster, OperatorProcess
 
 _namespaces = itertools.count(1)
 
@@ -64,7 +64,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """The closing figures line the issue asks for."""
+    """The closing figures lines: the suite's (scale_ops and operator_kills include the soak's;
+    requests and plain_requests do not: the soak reports its own) and the soak's, if it ran."""
+    if SOAK.figures is not None:
+        terminalreporter.write_line(SOAK.figures.line())
     terminalreporter.write_line(
         f"e2e-summary: requests={TALLY.requests} failed={TALLY.failed} "
-        f"scale_ops={TALLY.scale_ops} operator_kills={TALLY.operator_kills}")
+        f"scale_ops={TALLY.scale_ops} operator_kills={TALLY.operator_kills} "
+        f"plain_requests={TALLY.plain_requests} plain_failed={TALLY.plain_failed}")

@@ -18,9 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 from genrm_cluster.cluster import LocalCluster
 from genrm_cluster.controlplane import free_port
 from kubernetes import client, config
+
+from .plainclients import PlainClients
 
 REPO = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
@@ -34,9 +37,39 @@ class Tally:
     failed: int = 0
     scale_ops: int = 0
     operator_kills: int = 0
+    plain_requests: int = 0
+    plain_failed: int = 0
 
 
 TALLY = Tally()
+
+
+@dataclass(frozen=True)
+class SoakFigures:
+    """What the soak did and found, for its closing `soak-summary` line."""
+
+    requests: int
+    failed: int
+    scale_changes: int
+    operator_kills: int
+    engine_kills: int
+    violations: int
+    converge_s: float
+
+    def line(self) -> str:
+        return (f"soak-summary: requests={self.requests} failed={self.failed} scale_changes={self.scale_changes} "
+                f"operator_kills={self.operator_kills} engine_kills={self.engine_kills} "
+                f"violations={self.violations} converge_s={self.converge_s:.1f}")
+
+
+@dataclass
+class SoakResult:
+    """Set by the soak test when it ran, so the terminal summary can repeat its line."""
+
+    figures: SoakFigures | None = None
+
+
+SOAK = SoakResult()
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 90.0, interval: float = 0.5) -> T:
@@ -81,6 +114,26 @@ class Cluster:
         assert done.returncode != 0, f"kubectl {' '.join(args)} unexpectedly succeeded: {done.stdout}"
         return done.stderr
 
+    def service_url(self, namespace: str, name: str) -> str:
+        """The pool Service's ClusterIP URL; refused unless that address stays on this host."""
+        return self.local.service_url(namespace, name)
+
+    def plain_clients(self, namespace: str, pool: str) -> PlainClients:
+        """Unmodified clients (openai, httpx, requests) against the pool's Service ClusterIP.
+
+        Waits until the ClusterIP answers first: kube-proxy programs a new Service within about
+        a second, and a request before that is not what the scenarios are about.
+        """
+        url = self.service_url(namespace, pool)
+
+        def answers() -> bool:
+            try:
+                return httpx.get(f"{url}/v1/models", timeout=2.0).status_code == 200
+            except httpx.HTTPError:
+                return False
+        wait_for(f"Service {namespace}/{pool} to answer at {url}", answers, timeout=30, interval=0.2)
+        return PlainClients(url, served_model(self.pool(namespace, pool)))
+
     def pool(self, namespace: str, name: str) -> dict[str, Any]:
         return json.loads(self.kubectl("get", "genrmpool", name, "-n", namespace, "-o", "json"))
 
@@ -113,6 +166,26 @@ class Cluster:
             for container, path in self.local.logs_for(pod["metadata"]["name"], namespace).items():
                 parts.append(f"--- {pod['metadata']['name']}/{container} ({path})\n{tail(path)}")
         return "\n".join(parts)
+
+
+def served_model(pool: dict[str, Any]) -> str:
+    """The model name the OpenAI API of a pool's replicas answers to."""
+    model = pool["spec"]["model"]
+    return str(model.get("servedName") or model["path"])
+
+
+def account_plain(plain: PlainClients) -> None:
+    """Add a finished run of the unmodified clients to the summary line."""
+    TALLY.plain_requests += plain.stats.total_sent
+    TALLY.plain_failed += plain.stats.failed
+
+
+def plain_report(plain: PlainClients) -> str:
+    """The unmodified clients' failures, verbatim (up to 200 lines), for an assertion message."""
+    stats = plain.stats
+    listing = "\n".join(str(f) for f in stats.failures[:200])
+    return (f"{stats.failed} of {stats.total_sent} plain-client requests failed "
+            f"(sent per client {stats.sent}):\n{listing}")
 
 
 def tail(path: Path, lines: int = 40) -> str:

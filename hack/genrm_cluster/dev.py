@@ -74,20 +74,20 @@ def run_local() -> int:
             step(f"applying {EXAMPLE.relative_to(REPO)}")
             subprocess.run([*kubectl, "apply", "-f", str(EXAMPLE)], check=True)
             step("waiting for the pool to become Available")
-            wait_available(kubectl, stop)
-            pods = json.loads(subprocess.run([*kubectl, "get", "pods", "-l", "genrm.io/pool=demo", "-o", "json"],
-                                             check=True, capture_output=True, text=True).stdout)["items"]
-            ip = pods[0]["status"]["podIP"]
+            pool = wait_available(kubectl, stop)
+            url = cluster.service_url("default", "demo")
+            model = pool["spec"]["model"].get("servedName") or pool["spec"]["model"]["path"]
             print(f"""
-The pool is Available.
+The pool is Available; its Service answers at {url} (kube-proxy; the address stays on this host).
 
   export KUBECONFIG={cluster.kubeconfig}
   export PATH={cluster.bin_dir}:$PATH
   kubectl get genrmpools
   kubectl scale genrmpool demo --replicas=3
   kubectl describe genrmpool demo
-  curl -s http://{ip}:8000/generate -d '{{"text": "Is 2+2=4? Score 1-10."}}'
-  curl -s http://{ip}:8000/metrics | grep genrm_gateway_inflight
+  curl -s {url}/generate -d '{{"text": "Is 2+2=4? Score 1-10."}}'
+  {sys.executable} -c 'import openai; c = openai.OpenAI(base_url="{url}/v1", api_key="none"); \\
+    print(c.chat.completions.create(model="{model}", messages=[{{"role": "user", "content": "Is 2+2=4?"}}]))'
 
 Operator metrics: http://127.0.0.1:8080/metrics   Operator log: {log_path}
 Press Ctrl-C to stop everything.

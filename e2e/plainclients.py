@@ -1,0 +1,164 @@
+"""Unmodified judge clients sending through a pool's Service ClusterIP, as RL trainers do.
+
+Unlike `loadclient.py` these know nothing about the pool: no endpoint lists, no special handling
+of `503 draining`. kube-proxy (in the local cluster's router namespace) picks a replica per
+connection. Each kind runs with its library's defaults:
+
+* ``openai`` — `openai.OpenAI` (sync) with default settings, including its own retries;
+* ``openai-async`` — `openai.AsyncOpenAI` with default settings, on its own event loop;
+* ``httpx`` — one `httpx.Client` keep-alive pool, no retries;
+* ``requests`` — one `requests.Session`, no retries.
+
+Every request that does not end in a 2xx is a failure and is kept verbatim (client, what the
+library raised or the status and body), so a failing test shows exactly what a user would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import httpx
+import openai
+import requests
+
+KINDS = ("openai", "openai-async", "httpx", "requests")
+TIMEOUT_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One request that did not end in a 2xx, as the client library reported it."""
+
+    at: float
+    """time.monotonic() when it ended (the soak attributes failures to engine crashes by time)."""
+    kind: str
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.text}"
+
+
+@dataclass
+class PlainStats:
+    """Outcome counters per client kind, safe to read while the clients run."""
+
+    sent: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    ok: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    failures: list[Failure] = field(default_factory=list)
+
+    @property
+    def total_sent(self) -> int:
+        return sum(self.sent.values())
+
+    @property
+    def failed(self) -> int:
+        return len(self.failures)
+
+
+class PlainClients:
+    """Continuous load from each kind in `KINDS` against `base_url` (http://<ClusterIP>:<port>).
+
+    Use as a context manager; `stats` can be read at any time. `model` is the pool's served model
+    name (what `/v1/models` lists), needed by the OpenAI API.
+    """
+
+    def __init__(self, base_url: str, model: str, max_tokens: int = 16) -> None:
+        self.base_url, self.model, self.max_tokens = base_url, model, max_tokens
+        self.stats = PlainStats()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ids = itertools.count()
+        self._threads: list[threading.Thread] = []
+
+    def __enter__(self) -> PlainClients:
+        targets = (self._openai_sync, self._openai_async, self._httpx, self._requests)
+        self._threads = [threading.Thread(target=t, name=f"plain-{kind}", daemon=True)
+                         for kind, t in zip(KINDS, targets, strict=True)]
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=2 * TIMEOUT_SECONDS)
+
+    def ok_everywhere(self, at_least: int) -> bool:
+        """Whether every kind has at least `at_least` successful requests (a wait_for probe)."""
+        with self._lock:
+            return all(n >= at_least for n in self.stats.ok.values())
+
+    def _prompt(self, kind: str) -> str:
+        return f"Judge answer {kind}-{next(self._ids)}: is 2+2=4?"
+
+    def _record(self, kind: str, failure: str | None) -> None:
+        with self._lock:
+            self.stats.sent[kind] += 1
+            if failure is None:
+                self.stats.ok[kind] += 1
+            else:
+                self.stats.failures.append(Failure(time.monotonic(), kind, failure))
+
+    def _openai_sync(self) -> None:
+        with openai.OpenAI(base_url=f"{self.base_url}/v1", api_key="unused") as client:
+            while not self._stop.is_set():
+                try:
+                    client.chat.completions.create(
+                        model=self.model, max_tokens=self.max_tokens, temperature=0,
+                        messages=[{"role": "user", "content": self._prompt("openai")}])
+                    failure = None
+                except openai.OpenAIError as exc:
+                    failure = f"{type(exc).__name__}: {exc}"
+                self._record("openai", failure)
+
+    def _openai_async(self) -> None:
+        asyncio.run(self._openai_async_loop())
+
+    async def _openai_async_loop(self) -> None:
+        async with openai.AsyncOpenAI(base_url=f"{self.base_url}/v1", api_key="unused") as client:
+            while not self._stop.is_set():
+                try:
+                    await client.completions.create(model=self.model, max_tokens=self.max_tokens,
+                                                    temperature=0, prompt=self._prompt("openai-async"))
+                    failure = None
+                except openai.OpenAIError as exc:
+                    failure = f"{type(exc).__name__}: {exc}"
+                self._record("openai-async", failure)
+
+    def _httpx(self) -> None:
+        with httpx.Client(timeout=TIMEOUT_SECONDS) as client:
+            while not self._stop.is_set():
+                try:
+                    response = client.post(f"{self.base_url}/generate", json=self._native("httpx"))
+                    failure = _status_failure(response.status_code, response.headers, response.text)
+                except httpx.HTTPError as exc:
+                    failure = f"{type(exc).__name__}: {exc}"
+                self._record("httpx", failure)
+
+    def _requests(self) -> None:
+        with requests.Session() as session:
+            while not self._stop.is_set():
+                try:
+                    response = session.post(f"{self.base_url}/generate", json=self._native("requests"),
+                                            timeout=TIMEOUT_SECONDS)
+                    failure = _status_failure(response.status_code, response.headers, response.text)
+                except requests.RequestException as exc:
+                    failure = f"{type(exc).__name__}: {exc}"
+                self._record("requests", failure)
+
+    def _native(self, kind: str) -> dict[str, object]:
+        """SGLang's native /generate body."""
+        return {"text": self._prompt(kind),
+                "sampling_params": {"max_new_tokens": self.max_tokens, "temperature": 0}}
+
+
+def _status_failure(code: int, headers: Mapping[str, str], body: str) -> str | None:
+    if 200 <= code < 300:
+        return None
+    reason = headers.get("X-GenRM-Reason", "")
+    return f"HTTP {code}{f' ({reason})' if reason else ''}: {body[:200]}"
