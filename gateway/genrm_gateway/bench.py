@@ -100,7 +100,7 @@ def median_result(samples: list[LoadResult]) -> LoadResult:
 
 def main() -> None:
     py = sys.executable
-    engine_port, gateway_port = free_port(), free_port()
+    engine_port, gateway_port, control_port = free_port(), free_port(), free_port()
     with ExitStack() as stack:
         stack.enter_context(launched([
             py, "-m", "genrm_sim", "--model-path", "bench-judge", "--port", str(engine_port),
@@ -108,10 +108,11 @@ def main() -> None:
             "--sim-max-running", "4096"]))
         stack.enter_context(launched([
             py, "-m", "genrm_gateway", "serve", "--host", "127.0.0.1", "--port", str(gateway_port),
-            "--engine-url", f"http://127.0.0.1:{engine_port}", "--propagation-seconds", "0"],
+            "--control-port", str(control_port), "--engine-url", f"http://127.0.0.1:{engine_port}",
+            "--propagation-seconds", "0"],
             env=os.environ | {"GENRM_CONTROL_TOKEN": "bench"}))
-        wait_ready(f"http://127.0.0.1:{engine_port}/health")
-        wait_ready(f"http://127.0.0.1:{gateway_port}/healthz/ready")
+        wait_ready(f"http://127.0.0.1:{engine_port}/ready")
+        wait_ready(f"http://127.0.0.1:{control_port}/healthz/ready")
         targets = {"direct": engine_port, "gateway": gateway_port}
         if ensure_nginx():
             nginx_port = free_port()
