@@ -88,10 +88,9 @@ def poll(api: client.CustomObjectsApi, start: float, trace: Trace, until: float,
 def main() -> int:
     os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
     need = math.ceil(PEAK)
-    with LocalCluster(nodes=2, gpus_per_node=8) as local, tempfile.TemporaryDirectory() as work:
+    with LocalCluster(nodes=2, gpus_per_node=8, crds=[REPO / "crds" / "genrm.io_genrmpools.yaml"]) as local, \
+            tempfile.TemporaryDirectory() as work:
         cluster = Cluster(local)
-        cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds" / "genrm.io_genrmpools.yaml"))
-        cluster.kubectl("wait", "--for=condition=Established", "crd/genrmpools.genrm.io", "--timeout=60s")
         operator = OperatorProcess(cluster.kubeconfig, Path(work))
         operator.start()
         try:

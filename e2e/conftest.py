@@ -24,11 +24,8 @@ _namespaces = itertools.count(1)
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """A real kube-apiserver + etcd + controller-manager + scheduler and a node agent with 2 x 8 GPUs."""
     os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
-    with LocalCluster(nodes=2, gpus_per_node=8) as local:
-        handle = Cluster(local)
-        handle.kubectl("apply", "--server-side", "-f", str(REPO / "crds" / "genrm.io_genrmpools.yaml"))
-        handle.kubectl("wait", "--for=condition=Established", "crd/genrmpools.genrm.io", "--timeout=60s")
-        yield handle
+    with LocalCluster(nodes=2, gpus_per_node=8, crds=[REPO / "crds" / "genrm.io_genrmpools.yaml"]) as local:
+        yield Cluster(local)
 
 
 @pytest.fixture(scope="session")

@@ -102,8 +102,8 @@ class Cluster:
     def bin_dir(self) -> str:
         return str(self.local.bin_dir)
 
-    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> str:
-        done = self.local.kubectl(*args, check=False, input=input)
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None, timeout: float = 60.0) -> str:
+        done = self.local.kubectl(*args, check=False, input=input, timeout=timeout)
         if check and done.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({done.returncode}): {done.stderr}")
         return done.stdout if check else done.stdout + done.stderr

@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -35,7 +36,8 @@ log = logging.getLogger("genrm_cluster")
 class LocalCluster:
     """A local Kubernetes cluster: real control plane, pods as processes in network namespaces.
 
-    `workdir` defaults to a fresh dir under /dev/shm and is removed on exit unless `keep_workdir`
+    `crds` (YAML files) are installed before the controller manager starts (controlplane.py says
+    why). `workdir` defaults to a fresh dir under /dev/shm and is removed on exit unless `keep_workdir`
     (or env GENRM_KEEP_WORKDIR=1) is set, so logs can be inspected after a failure.
     """
 
@@ -46,6 +48,7 @@ class LocalCluster:
         workdir: Path | None = None,
         bin_dir: Path | None = None,
         keep_workdir: bool | None = None,
+        crds: Sequence[Path] = (),
     ) -> None:
         base = "/dev/shm" if Path("/dev/shm").is_dir() else None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="genrm-cluster-", dir=base))
@@ -54,6 +57,7 @@ class LocalCluster:
         self.control_plane = ControlPlane(self.workdir, bin_dir)
         self.node_configs = [NodeConfig(f"node-{i + 1}", gpus=gpus_per_node) for i in range(nodes)]
         self.network = PodNetwork()
+        self.crds = tuple(crds)
         self._agent: NodeAgent | None = None
         self._proxy: ServiceProxy | None = None
 
@@ -106,7 +110,7 @@ class LocalCluster:
         """Network slot first: it decides the service range the apiserver is started with."""
         try:
             self.network.setup()
-            self.control_plane.start(self.network.service_cidr)
+            self.control_plane.start(self.network.service_cidr, self.crds)
             log.info("control plane up; kubeconfig %s", self.kubeconfig)
             self._agent = NodeAgent(self.api, self.node_configs, self.workdir, self.network)
             self._agent.start()

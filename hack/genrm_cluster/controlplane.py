@@ -11,6 +11,12 @@ given by the caller (`LocalCluster` puts it under /dev/shm, so etcd's writes sta
   (serviceproxy.py) makes it work.
 * kube-controller-manager runs all default controllers (garbage collector, EndpointSlices,
   namespace, ServiceAccount, node lifecycle, ...) with per-controller ServiceAccount credentials.
+* CRDs given to `start()` are established before kube-controller-manager starts, as in a cluster
+  whose CRDs predate its pods. The controller manager caches API discovery and refreshes it only
+  every 30 s; a CRD created after it started is unknown to its disruption controller until then,
+  which marks a PodDisruptionBudget over pods owned by such a custom resource
+  `CalculateExpectedPodCountFailed` (ALLOWED DISRUPTIONS 0) and does not look again until one of
+  the pods or the budget changes.
 * Leader election and API priority-and-fairness are off: one instance each, 2 shared cores.
 """
 
@@ -22,12 +28,14 @@ import socket
 import ssl
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
+import yaml
 
 from genrm_cluster import procutil
-from genrm_cluster.kubeapi import ApiError, KubeAPI
+from genrm_cluster.kubeapi import JSON, ApiError, KubeAPI
 from genrm_cluster.pki import PKI, CertPair
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -106,15 +114,16 @@ class ControlPlane:
         return write_kubeconfig(self.workdir / f"{name}.kubeconfig", server, self.pki.ca.cert,
                                 self.pki.client_cert(name, user), name)
 
-    def start(self, service_cidr: str) -> None:
-        """Create the PKI, start the four components in order and wait until each is healthy."""
+    def start(self, service_cidr: str, crds: Sequence[Path] = ()) -> None:
+        """Create the PKI, start the four components in order and wait until each is healthy;
+        `crds` (YAML files) are established before the controller manager starts."""
         try:
-            self._start(service_cidr)
+            self._start(service_cidr, crds)
         except BaseException:
             self.stop()
             raise
 
-    def _start(self, service_cidr: str) -> None:
+    def _start(self, service_cidr: str, crds: Sequence[Path]) -> None:
         pki = self.pki
         serving = pki.serving_cert("apiserver", "kube-apiserver")
         sa = pki.service_account_keys()
@@ -163,6 +172,8 @@ class ControlPlane:
         self._wait_http("kube-apiserver", f"{self.server}/readyz",
                         verify=ssl.create_default_context(cafile=str(pki.ca.cert)))
         self._api = KubeAPI(self.server, pki.ca.cert, admin.cert, admin.key)
+        for crd in crds:
+            self._establish(yaml.safe_load(crd.read_text()))
 
         for name, kubeconfig, extra in (
             ("kube-controller-manager", kcm_kc, [
@@ -185,6 +196,18 @@ class ControlPlane:
             ])
             self._wait_http(name, f"https://127.0.0.1:{port}/healthz", verify=False)
         self._wait_default_service_account()
+
+    def _establish(self, crd: JSON) -> None:
+        """Create a CRD and wait until the apiserver serves it (condition Established)."""
+        path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+        name = crd["metadata"]["name"]
+        self.api.post(path, crd)
+        deadline = time.monotonic() + START_TIMEOUT
+        while not any(c["type"] == "Established" and c["status"] == "True"
+                      for c in self.api.get(f"{path}/{name}").get("status", {}).get("conditions") or []):
+            if time.monotonic() > deadline:
+                raise ControlPlaneError(f"CRD {name} not established after {START_TIMEOUT}s")
+            time.sleep(0.2)
 
     def _launch(self, name: str, args: list[str]) -> None:
         self._procs[name] = procutil.spawn([str(self.bin_dir / name), *args], self.logs[name])

@@ -53,17 +53,15 @@ def wait_available(kubectl: list[str], stop: threading.Event, timeout: float = 1
 
 def run_local() -> int:
     os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
-    step("starting the local control plane and node agent (2 nodes x 8 nvidia.com/gpu)")
+    step("starting the local control plane with the GenRMPool CRD, kube-proxy and a node agent "
+         "(2 nodes x 8 nvidia.com/gpu)")
     stop = threading.Event()
     # Explicit handlers: a shell that starts `make dev` in the background leaves SIGINT ignored,
     # and Ctrl-C must stop everything cleanly however it was started.
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
-    with LocalCluster(nodes=2, gpus_per_node=8) as cluster:
+    with LocalCluster(nodes=2, gpus_per_node=8, crds=[CRD]) as cluster:
         kubectl = [str(cluster.bin_dir / "kubectl"), f"--kubeconfig={cluster.kubeconfig}"]
-        step("installing the GenRMPool CRD")
-        subprocess.run([*kubectl, "apply", "--server-side", "-f", str(CRD)], check=True)
-        subprocess.run([*kubectl, "wait", "--for=condition=Established", "crd/genrmpools.genrm.io"], check=True)
         step("starting the operator (log: operator.log in the cluster work dir)")
         log_path = cluster.workdir / "operator.log"
         with open(log_path, "ab") as log:
