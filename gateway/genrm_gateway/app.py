@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from genrm_contract.sidecar import DrainState
 from starlette.types import Receive, Scope, Send
 
 from genrm_gateway.admission import Admission
 from genrm_gateway.config import GatewayConfig
 from genrm_gateway.connection import Connections, GatewayProtocol, protocol_class
 from genrm_gateway.control import create_control_app
-from genrm_gateway.drain import DrainController, DrainState
+from genrm_gateway.drain import DrainController
 from genrm_gateway.engine import EngineMonitor
 from genrm_gateway.metrics import GatewayMetrics
 from genrm_gateway.proxy import Proxy, send_error

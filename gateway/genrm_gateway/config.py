@@ -1,19 +1,12 @@
-"""Gateway settings: flags with environment fallbacks, and the control token.
-
-Why environment fallbacks: the chart configures the sidecar through env (and mounts the pool's
-token as a file), while humans and tests use flags; both must give the same settings.
-"""
+"""Gateway settings: where it listens, where its engine is, and what one client may cost it."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-TOKEN_ENV = "GENRM_CONTROL_TOKEN"
-TOKEN_FILE_ENV = "GENRM_CONTROL_TOKEN_FILE"
+from genrm_contract import sidecar
 
 
 @dataclass(frozen=True)
@@ -58,7 +51,7 @@ class Limits:
                                                "(or the connection's opening) gets 408")
     body_timeout_seconds: float = _limit(30.0, "an admitted request's body not complete within this gets 408 "
                                                "and leaves in-flight at once")
-    max_body_bytes: int = _limit(1 << 20, "larger request bodies get 413")
+    max_body_bytes: int = _limit(sidecar.MAX_BODY_BYTES, "larger request bodies get 413")
     max_json_depth: int = _limit(32, "JSON bodies nesting deeper than this get 400")
     max_connections: int = _limit(4096, "open traffic connections beyond this get 503 and are closed")
     write_timeout_seconds: float = _limit(30.0, "a client that reads nothing of its response this long is cut "
@@ -71,23 +64,10 @@ class Limits:
 @dataclass(frozen=True)
 class GatewayConfig:
     host: str = "0.0.0.0"
-    port: int = 8000
-    control_port: int = 8001
+    port: int = sidecar.TRAFFIC_PORT
+    control_port: int = sidecar.CONTROL_PORT
     engine: EngineAddress = EngineAddress("127.0.0.1", 30000)
     limits: Limits = Limits()
-    quiet_seconds: float = 2.0
-    propagation_seconds: float = 5.0
+    quiet_seconds: float = sidecar.QUIET_SECONDS
+    propagation_seconds: float = sidecar.PROPAGATION_SECONDS
     engine_poll_seconds: float = 1.0
-
-
-def read_control_token() -> str | None:
-    """The pool's bearer token; the mounted file wins over the variable and is re-read each time,
-    so a rotated Secret takes effect without a restart."""
-    path = os.environ.get(TOKEN_FILE_ENV)
-    if path:
-        try:
-            token = Path(path).read_text().strip()
-        except OSError:
-            return None
-        return token or None
-    return os.environ.get(TOKEN_ENV) or None

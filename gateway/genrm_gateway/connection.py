@@ -23,14 +23,13 @@ from collections.abc import Callable
 from typing import Any
 
 import httptools
+from genrm_contract.sidecar import DrainState
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from genrm_gateway.config import Limits
-from genrm_gateway.drain import DrainState
 from genrm_gateway.errors import refusal_response
-
 
 # How long a closing connection keeps reading (and discarding) what the client still sends.
 LINGER_SECONDS = 2.0

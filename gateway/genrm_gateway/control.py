@@ -12,29 +12,28 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Request, Response
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, Field
+from genrm_contract.drained import control_token
+from genrm_contract.sidecar import (
+    DRAIN_PATH,
+    LIVE_PATH,
+    METRICS_PATH,
+    READY_PATH,
+    STATE_PATH,
+    UNDRAIN_PATH,
+    DrainRequest,
+    DrainState,
+    EngineReport,
+    Reason,
+    StateDocument,
+    UndrainRequest,
+)
 from starlette.exceptions import HTTPException
 
 from genrm_gateway.admission import Admission
-from genrm_gateway.config import read_control_token
-from genrm_gateway.drain import DrainConflict, DrainController, DrainState, Phase
+from genrm_gateway.drain import DrainConflict, DrainController
 from genrm_gateway.engine import EngineMonitor
 from genrm_gateway.errors import REASON_HEADER, Refusal, error_body
 from genrm_gateway.metrics import GatewayMetrics
-
-
-class DrainRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    drain_id: str = Field(alias="drainId", min_length=1)
-    phase: Phase
-    quiet_seconds: float | None = Field(default=None, alias="quietSeconds", ge=0)
-
-
-class UndrainRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    drain_id: str = Field(alias="drainId", min_length=1)
 
 
 def _error(code: int, reason: str, message: str) -> Response:
@@ -47,7 +46,7 @@ def require_token(authorization: Annotated[str | None, Header()] = None) -> None
     if not authorization:
         raise Refusal(401, "unauthenticated", "a bearer token is required")
     scheme, _, presented = authorization.partition(" ")
-    expected = read_control_token()
+    expected = control_token()
     if scheme.lower() != "bearer" or expected is None or not hmac.compare_digest(
             presented.strip().encode(), expected.encode()):
         raise Refusal(403, "forbidden", "the bearer token is not valid for this gateway")
@@ -59,24 +58,16 @@ def create_control_app(admission: Admission, drain: DrainController, engine: Eng
     authorized = [Depends(require_token)]
 
     def state_document() -> dict[str, Any]:
-        state = drain.state
         idle = drain.idle_seconds()
-        return {
-            "state": state.value,
-            "drainId": drain.drain_id,
-            "inflight": admission.inflight,
-            "admittedTotal": admission.admitted_total,
-            "completedTotal": admission.completed_total,
-            "refusedTotal": admission.refused_total,
-            "engine": {
-                "up": engine.up,
-                "healthy": engine.healthy,
-                "runningRequests": engine.load.running,
-                "queuedRequests": engine.load.queued,
-                "tokenUsage": engine.load.token_usage,
-            },
-            "idleSinceSeconds": None if idle is None else round(idle, 3),
-        }
+        load = engine.load
+        return StateDocument(
+            state=drain.state, drain_id=drain.drain_id, inflight=admission.inflight,
+            admitted_total=admission.admitted_total, completed_total=admission.completed_total,
+            refused_total=admission.refused_total,
+            engine=EngineReport(up=engine.up, healthy=engine.healthy, running_requests=load.running,
+                                queued_requests=load.queued, token_usage=load.token_usage),
+            idle_since_seconds=None if idle is None else round(idle, 3),
+        ).wire()
 
     @app.exception_handler(Refusal)
     async def refusal(request: Request, exc: Refusal) -> Response:
@@ -96,11 +87,11 @@ def create_control_app(admission: Admission, drain: DrainController, engine: Eng
         metrics.refused(reason)
         return _error(exc.status_code, reason, str(exc.detail))
 
-    @app.get("/healthz/live")
+    @app.get(LIVE_PATH)
     async def live() -> dict[str, str]:
         return {"status": "live"}
 
-    @app.get("/healthz/ready")
+    @app.get(READY_PATH)
     async def ready() -> Response:
         state = drain.state
         if not engine.up:
@@ -108,27 +99,27 @@ def create_control_app(admission: Admission, drain: DrainController, engine: Eng
         elif not engine.healthy:
             reason = "engineUnhealthy"
         elif state is not DrainState.SERVING:
-            reason = "draining"
+            reason = Reason.DRAINING
         else:
             return Response(b'{"ready":true}', media_type="application/json")
         return Response(error_body(503, reason, f"not ready: state {state.value}"), 503,
                         media_type="application/json")
 
-    @app.get("/v1/state", dependencies=authorized)
+    @app.get(STATE_PATH, dependencies=authorized)
     async def get_state() -> dict[str, Any]:
         return state_document()
 
-    @app.post("/v1/drain", dependencies=authorized)
+    @app.post(DRAIN_PATH, dependencies=authorized)
     async def post_drain(request: DrainRequest) -> dict[str, Any]:
         drain.drain(request.drain_id, request.phase, request.quiet_seconds)
         return state_document()
 
-    @app.post("/v1/undrain", dependencies=authorized)
+    @app.post(UNDRAIN_PATH, dependencies=authorized)
     async def post_undrain(request: UndrainRequest) -> dict[str, Any]:
         drain.undrain(request.drain_id)
         return state_document()
 
-    @app.get("/metrics")
+    @app.get(METRICS_PATH)
     async def get_metrics() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 

@@ -9,24 +9,13 @@ carries a drain id so retries are idempotent and a stale caller cannot cancel so
 
 from __future__ import annotations
 
-import enum
 import time
 from collections.abc import Callable
 
+from genrm_contract.sidecar import DrainState, Phase
+
 from genrm_gateway.admission import Admission
 from genrm_gateway.engine import EngineMonitor
-
-
-class DrainState(enum.StrEnum):
-    SERVING = "Serving"
-    SOFT_DRAIN = "SoftDrain"
-    FENCED = "Fenced"
-    DRAINED = "Drained"
-
-
-class Phase(enum.StrEnum):
-    SOFT = "soft"
-    FENCE = "fence"
 
 
 class DrainConflict(Exception):

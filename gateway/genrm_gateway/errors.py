@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 from http import HTTPStatus
 
-REASON_HEADER = b"x-genrm-reason"
+from genrm_contract import sidecar
+
+REASON_HEADER = sidecar.REASON_HEADER.encode()
 
 
 def error_body(code: int, reason: str, message: str) -> bytes:

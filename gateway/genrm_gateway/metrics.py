@@ -14,12 +14,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from genrm_contract.sidecar import DrainState, Series
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from genrm_gateway.admission import Admission
-from genrm_gateway.drain import DrainController, DrainState
+from genrm_gateway.drain import DrainController
 from genrm_gateway.engine import EngineMonitor
 
 if TYPE_CHECKING:
@@ -38,24 +39,24 @@ class _StateCollector(Collector):
         self._connections = connections
 
     def collect(self) -> Iterator[Metric]:
-        yield GaugeMetricFamily("genrm_gateway_inflight_requests",
+        yield GaugeMetricFamily(Series.INFLIGHT,
                                 "Requests admitted and not yet fully answered",
                                 value=self._admission.inflight)
         current = self._drain.state
-        drain = GaugeMetricFamily("genrm_gateway_drain_state",
+        drain = GaugeMetricFamily(Series.DRAIN_STATE,
                                   "Drain state, one-hot: 1 for the current state", labels=["state"])
         for state in DrainState:
             drain.add_metric([state.value], 1.0 if state is current else 0.0)
         yield drain
-        yield GaugeMetricFamily("genrm_gateway_engine_up", "Whether the engine answers HTTP",
+        yield GaugeMetricFamily(Series.ENGINE_UP, "Whether the engine answers HTTP",
                                 value=1.0 if self._engine.up else 0.0)
-        yield GaugeMetricFamily("genrm_gateway_open_connections", "Open client connections on the traffic port",
+        yield GaugeMetricFamily(Series.OPEN_CONNECTIONS, "Open client connections on the traffic port",
                                 value=len(self._connections))
         load = self._engine.load
         for name, doc, value in (
-            ("genrm_engine_running_requests", "Requests in the engine's running batch", load.running),
-            ("genrm_engine_queued_requests", "Requests in the engine's waiting queue", load.queued),
-            ("genrm_engine_kv_cache_usage_ratio", "Engine KV-cache token usage (0..1)", load.token_usage),
+            (Series.ENGINE_RUNNING, "Requests in the engine's running batch", load.running),
+            (Series.ENGINE_QUEUED, "Requests in the engine's waiting queue", load.queued),
+            (Series.ENGINE_KV_CACHE, "Engine KV-cache token usage (0..1)", load.token_usage),
         ):
             family = GaugeMetricFamily(name, doc)
             if value is not None:
@@ -69,12 +70,12 @@ class GatewayMetrics:
     def __init__(self, admission: Admission, drain: DrainController, engine: EngineMonitor,
                  connections: Connections) -> None:
         self.registry = CollectorRegistry()
-        self._requests = Counter("genrm_gateway_requests", "Requests answered, by route and status code",
+        self._requests = Counter(Series.REQUESTS, "Requests answered, by route and status code",
                                  ["route", "code"], registry=self.registry)
-        self._duration = Histogram("genrm_gateway_request_duration_seconds",
+        self._duration = Histogram(Series.REQUEST_DURATION,
                                    "Time from admission to the last response byte", ["route"],
                                    registry=self.registry, buckets=_DURATION_BUCKETS)
-        self._refused = Counter("genrm_gateway_refused", "Requests refused by the gateway, by reason",
+        self._refused = Counter(Series.REFUSED, "Requests refused by the gateway, by reason",
                                 ["reason"], registry=self.registry)
         self.registry.register(_StateCollector(admission, drain, engine, connections))
         self._request_children: dict[tuple[str, int], Counter] = {}

@@ -3,7 +3,8 @@
 Why a command and not an httpGet hook: the hook must block until the replica is drained (or a
 deadline passes) so the kubelet's SIGTERM only comes when nothing is in flight, and it must step
 through soft drain, the propagation window and the fence as the operator would. If the operator
-is already draining this pod under its own drain id, the hook only waits for Drained.
+is already draining this pod under its own drain id, the hook only waits for Drained (with the
+same wait the engine container's hook runs, ``genrm_contract.drained``).
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from genrm_contract.drained import control_token, wait_drained
+from genrm_contract.sidecar import DRAIN_PATH, DrainState, Phase
 
-from genrm_gateway.config import read_control_token
-
-_POLL_SECONDS = 0.2
+_RETRY_SECONDS = 0.2
 
 
 @dataclass(frozen=True)
@@ -30,29 +31,26 @@ class PreStopDrain:
     def run(self) -> int:
         """0 once Drained; 1 when the deadline passes first."""
         deadline = time.monotonic() + self.deadline_seconds
-        token = read_control_token() or ""
         with httpx.Client(base_url=f"http://127.0.0.1:{self.port}",
-                          headers={"authorization": f"Bearer {token}"}, timeout=5.0) as client:
-            soft = self._call(client, "soft", deadline)
-            if soft is not None and soft.get("state") == "SoftDrain":
+                          headers={"authorization": f"Bearer {control_token() or ''}"}, timeout=5.0) as client:
+            soft = self._call(client, Phase.SOFT, deadline)
+            if soft is not None and soft.get("state") == DrainState.SOFT_DRAIN:
                 time.sleep(max(0.0, min(self.propagation_seconds, deadline - time.monotonic())))
-                self._call(client, "fence", deadline)
-            while time.monotonic() < deadline:
-                state = self._state(client)
-                if state is not None and state.get("state") == "Drained":
-                    print(f"genrm-gateway: drained ({state.get('completedTotal')} requests completed)")
-                    return 0
-                time.sleep(_POLL_SECONDS)
+                self._call(client, Phase.FENCE, deadline)
+        drained = wait_drained(self.port, max(0.0, deadline - time.monotonic()))
+        if drained is not None:
+            print(f"genrm-gateway: drained ({drained.get('completedTotal')} requests completed)")
+            return 0
         print(f"genrm-gateway: not drained after {self.deadline_seconds}s", file=sys.stderr)
         return 1
 
-    def _call(self, client: httpx.Client, phase: str, deadline: float) -> dict[str, Any] | None:
+    def _call(self, client: httpx.Client, phase: Phase, deadline: float) -> dict[str, Any] | None:
         """POST /v1/drain, retried until the deadline; None when another drain id owns the pod."""
         while time.monotonic() < deadline:
             try:
-                response = client.post("/v1/drain", json={"drainId": self.drain_id, "phase": phase})
+                response = client.post(DRAIN_PATH, json={"drainId": self.drain_id, "phase": phase})
             except httpx.TransportError:
-                time.sleep(_POLL_SECONDS)
+                time.sleep(_RETRY_SECONDS)
                 continue
             if response.status_code == 409:
                 return None
@@ -63,14 +61,3 @@ class PreStopDrain:
                   file=sys.stderr)
             return None
         return None
-
-    @staticmethod
-    def _state(client: httpx.Client) -> dict[str, Any] | None:
-        try:
-            response = client.get("/v1/state")
-        except httpx.TransportError:
-            return None
-        if response.status_code != 200:
-            return None
-        document: dict[str, Any] = response.json()
-        return document

@@ -22,12 +22,14 @@ import time
 from collections.abc import Callable
 
 import h11
+from genrm_contract.sidecar import DRAINING_HEADER as DRAINING
+from genrm_contract.sidecar import DrainState, Reason
 from starlette.types import Message, Receive, Scope, Send
 
 from genrm_gateway.admission import Admission
 from genrm_gateway.config import Limits
 from genrm_gateway.connection import ABORT_EXTENSION
-from genrm_gateway.drain import DrainController, DrainState
+from genrm_gateway.drain import DrainController
 from genrm_gateway.engine import EngineMonitor
 from genrm_gateway.errors import CLOSE_HEADER, REASON_HEADER, Refusal, error_body
 from genrm_gateway.metrics import GatewayMetrics
@@ -35,7 +37,7 @@ from genrm_gateway.routes import ProxiedRoute
 from genrm_gateway.upstream import ClientGone, EngineError, EnginePool, EngineUnavailable, Exchange
 
 REQUEST_ID_HEADER = b"x-request-id"
-DRAINING_HEADER = (b"x-genrm-draining", b"1")
+DRAINING_HEADER = (DRAINING.encode(), b"1")
 RETRY_AFTER = (b"retry-after", b"1")
 _JSON_CONTENT = (b"content-type", b"application/json")
 # Status recorded for requests whose client went away before the answer (nginx's convention).
@@ -178,14 +180,14 @@ class Proxy:
                                                     f"{route.name} accepts {route.method} only"))
             return
         if not self._admission.try_admit():
-            await self._refuse(send, route, Refusal(503, "draining",
+            await self._refuse(send, route, Refusal(503, Reason.DRAINING,
                                                     "the replica is draining; retry on another replica",
                                                     (RETRY_AFTER,), close=True))
             return
         code = 500
         try:
             if not self._engine.up:
-                raise Refusal(503, "engineUnavailable", "the engine is not reachable; retry on another replica",
+                raise Refusal(503, Reason.ENGINE_UNAVAILABLE, "the engine is not reachable; retry on another replica",
                               (RETRY_AFTER,), close=True)
             code = await self._exchange(route, scope, receive, send)
         except Refusal as refusal:

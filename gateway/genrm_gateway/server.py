@@ -14,9 +14,9 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
+from genrm_contract.sidecar import DrainState, Phase
 
 from genrm_gateway.app import Gateway
-from genrm_gateway.drain import DrainState, Phase
 
 SIGTERM_DRAIN_ID = "sigterm"
 

@@ -18,6 +18,7 @@ from typing import cast
 
 import h11
 import httptools
+from genrm_contract.sidecar import Reason
 
 from genrm_gateway.config import EngineAddress
 
@@ -33,7 +34,7 @@ class EngineError(Exception):
 
 
 class EngineUnavailable(EngineError):
-    reason = "engineUnavailable"
+    reason = Reason.ENGINE_UNAVAILABLE
 
 
 class EngineDisconnected(EngineError):
