@@ -1,14 +1,16 @@
 """Replicas that crash, never get ready, cannot be scheduled or answer differently.
 
 Aspects: an engine crash gets the replica replaced; a replica that never
-becomes ready ends the operation Partial(StartupTimeout); more GPUs than the
-nodes have ends Partial(Unschedulable) and completes once capacity appears;
-a replica whose answers differ from the serving ones is never published.
+becomes ready ends the operation Partial(StartupTimeout); a replica that never
+served is gone within seconds of a scale-in (no drain to wait for); more GPUs
+than the nodes have ends Partial(Unschedulable) and completes once capacity
+appears; a replica whose answers differ from the serving ones is never published.
 """
 
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 
@@ -49,6 +51,23 @@ def test_a_replica_that_never_gets_ready_ends_the_operation_partial(cluster: Clu
     assert entry["reason"] == "StartupTimeout"
     conditions = {c["type"]: c for c in cluster.pool(namespace, "slow")["status"]["conditions"]}
     assert conditions["Available"]["status"] == "False"
+
+
+def test_a_replica_that_never_served_is_gone_within_seconds_of_a_scale_in(cluster: Cluster, namespace: str) -> None:
+    loading = {"extraArgs": ["--sim-startup-seconds", "15"], "startupTimeoutSeconds": 120}
+    cluster.kubectl("apply", "-f", "-", input=pool_manifest("late", namespace, replicas=1, engine=loading))
+    cluster.wait_serving(namespace, "late", 1)
+    cluster.scale(namespace, "late", 2)
+    wait_for("late-1 running, still loading", lambda: any(
+        p["metadata"]["name"] == "late-1" and p["status"].get("phase") == "Running"
+        for p in cluster.pods(namespace, "late")), timeout=60, interval=0.2)
+    started = time.monotonic()
+    cluster.scale(namespace, "late", 1)
+    wait_for("late-1 gone", lambda: "late-1" not in {p["metadata"]["name"] for p in cluster.pods(namespace, "late")},
+             timeout=60, interval=0.2)
+    gone_after = time.monotonic() - started
+    assert gone_after < 10, f"a replica that never served took {gone_after:.1f}s to go"
+    cluster.wait_serving(namespace, "late", 1)
 
 
 def test_too_few_gpus_is_partial_unschedulable_then_completes_when_capacity_appears(

@@ -1,0 +1,297 @@
+"""Soak: random scaling, operator SIGKILLs and engine crashes under unmodified-client load.
+
+For `GENRM_SOAK_SECONDS` (180 in `make test`, 480 in `make soak`) the unmodified clients of
+`plainclients.py` send through the pool's Service ClusterIP while, all seeded by
+`GENRM_SOAK_SEED` (printed, so a run can be repeated):
+
+* `kubectl scale` sets a random target in 1..5 every 2-6 s;
+* the operator is SIGKILLed at least 20 times at random moments and restarted after 0-3 s;
+* a few engines of serving replicas are SIGKILLed while another replica serves (the container
+  restarts, the operator replaces the replica; the sole replica's crash is an outage that no
+  pool can hide, so a crash waits until two replicas serve).
+
+Every second a monitor checks the invariants:
+
+* pods holding GPUs (every pod of the pool, Terminating ones included, failed ones excepted)
+  stay within the bound of `core/reconcile.py`: at most the largest target of the last
+  `TARGET_WINDOW_SECONDS` (the operator acts on what it saw a moment ago) or the previous count;
+* every published pod passed verification, and is ready (unready for at most
+  `UNREADY_GRACE_SECONDS`: an engine crash makes it unready before the operator unpublishes it);
+* every pod is controlled by the pool;
+* no pod that ever served is deleted while its sidecar reported requests in flight (the last
+  report before the deletion is seen; the drain quiet period outlasts a sampling interval).
+
+Request failures are attributed to an engine crash when they happen within
+`CRASH_WINDOW_SECONDS` after it: per crash they may not exceed the requests in flight on that
+replica when its engine died, and the `openai` clients (default retries) may lose none. Any other
+failure fails the soak. Finally the pool must converge to the
+last target. The closing `soak-summary:` line gives the figures.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import signal
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from genrm_operator.core.names import (
+    EVER_PUBLISHED_ANNOTATION,
+    PUBLISHED_LABEL,
+    TOKEN_KEY,
+    VERIFICATION_ANNOTATION,
+    secret_name,
+)
+
+from .harness import SOAK, Cluster, OperatorProcess, SoakFigures, pool_manifest
+from .plainclients import Failure
+
+POOL = "soak"
+TARGETS = (1, 5)
+SCALE_EVERY = (2.0, 6.0)
+RESTART_AFTER = (0.0, 3.0)
+MIN_OPERATOR_KILLS = 20
+TARGET_WINDOW_SECONDS = 10.0
+UNREADY_GRACE_SECONDS = 10.0
+CRASH_WINDOW_SECONDS = 10.0
+CONVERGE_TIMEOUT = 240.0
+OPENAI_KINDS = ("openai", "openai-async")
+CONTROL_PORT = 8001
+"""spec.gateway.controlPort's default, which the soak pool keeps."""
+
+Pod = dict[str, Any]
+
+
+@dataclass
+class Crash:
+    """One engine SIGKILL and what the sidecar held at that moment."""
+
+    at: float
+    pod: str
+    inflight: int
+    serving: int
+    """Published replicas at the time, the crashed one included."""
+
+
+@dataclass
+class Monitor:
+    """The once-a-second invariant checks (see the module docstring)."""
+
+    cluster: Cluster
+    namespace: str
+    token: str
+    pool_uid: str
+    targets: deque[tuple[float, int]] = field(default_factory=deque)
+    violations: list[str] = field(default_factory=list)
+    last_count: int = 0
+    unready_since: dict[str, float] = field(default_factory=dict)
+    reports: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Last sidecar report (/v1/state) per pod UID."""
+    judged_deletions: set[str] = field(default_factory=set)
+
+    def target_set(self, target: int) -> None:
+        self.targets.append((time.monotonic(), target))
+
+    def bound(self, now: float) -> int:
+        while len(self.targets) > 1 and self.targets[1][0] < now - TARGET_WINDOW_SECONDS:
+            self.targets.popleft()
+        return max(t for _, t in self.targets)
+
+    def check(self, http: httpx.Client) -> None:
+        now = time.monotonic()
+        pods = self.cluster.pods(self.namespace, POOL)
+        holders = [p for p in pods if not failed(p)]
+        if len(holders) > max(self.bound(now), self.last_count):
+            self.violate(f"{len(holders)} pods hold GPUs > max(target {self.bound(now)} of the last "
+                         f"{TARGET_WINDOW_SECONDS:g}s, previous count {self.last_count}): {names(holders)}")
+        self.last_count = len(holders)
+        for pod in pods:
+            self.check_pod(pod, now, http)
+
+    def check_pod(self, pod: Pod, now: float, http: httpx.Client) -> None:
+        meta = pod["metadata"]
+        name, uid = meta["name"], meta["uid"]
+        owner = next((o for o in meta.get("ownerReferences") or [] if o.get("controller")), {})
+        if (owner.get("kind"), owner.get("uid")) != ("GenRMPool", self.pool_uid):
+            self.violate(f"{name} is not controlled by the pool: {owner}")
+        annotations = meta.get("annotations") or {}
+        if meta.get("labels", {}).get(PUBLISHED_LABEL) == "true":
+            if annotations.get(VERIFICATION_ANNOTATION) != "passed":
+                self.violate(f"{name} is published with verification {annotations.get(VERIFICATION_ANNOTATION)!r}")
+            ready = any(c["type"] == "Ready" and c["status"] == "True"
+                        for c in pod.get("status", {}).get("conditions") or [])
+            since = self.unready_since.setdefault(uid, now) if not ready else self.unready_since.pop(uid, now)
+            if not ready and now - since > UNREADY_GRACE_SECONDS:
+                self.violate(f"{name} published but unready for {now - since:.0f}s")
+        if meta.get("deletionTimestamp"):
+            if uid not in self.judged_deletions:
+                self.judged_deletions.add(uid)
+                last = self.reports.get(uid)
+                served = annotations.get(EVER_PUBLISHED_ANNOTATION) == "true"
+                if served and not failed(pod) and last is not None and last.get("inflight", 0) > 0:
+                    self.violate(f"{name} deleted while its sidecar last reported {last}")
+            return
+        report = self.sidecar_state(pod, http)
+        if report is not None:
+            self.reports[uid] = report
+
+    def sidecar_state(self, pod: Pod, http: httpx.Client) -> dict[str, Any] | None:
+        """The sidecar's own report (GET /v1/state on the control port); None when unreachable."""
+        ip = pod.get("status", {}).get("podIP")
+        if not ip:
+            return None
+        try:
+            response = http.get(f"http://{ip}:{CONTROL_PORT}/v1/state",
+                                headers={"Authorization": f"Bearer {self.token}"})
+        except httpx.HTTPError:
+            return None
+        return dict(response.json()) if response.status_code == 200 else None
+
+    def violate(self, message: str) -> None:
+        print(f"soak violation: {message}", flush=True)
+        self.violations.append(message)
+
+
+def failed(pod: Pod) -> bool:
+    """Crashed or failed: excepted from the pod-count bound, replaced by the operator."""
+    status = pod.get("status") or {}
+    return status.get("phase") in ("Failed", "Succeeded") or any(
+        c.get("restartCount", 0) > 0 for c in status.get("containerStatuses") or [])
+
+
+def names(pods: list[Pod]) -> list[str]:
+    return [p["metadata"]["name"] + ("(terminating)" if p["metadata"].get("deletionTimestamp") else "")
+            for p in pods]
+
+
+def published(pods: list[Pod]) -> list[Pod]:
+    return [p for p in pods if p["metadata"].get("labels", {}).get(PUBLISHED_LABEL) == "true"
+            and not p["metadata"].get("deletionTimestamp")]
+
+
+def engine_pid(pod: Pod) -> int | None:
+    for c in pod.get("status", {}).get("containerStatuses") or []:
+        if c["name"] == "engine" and c.get("containerID", "").startswith("genrm://") and "running" in c["state"]:
+            return int(c["containerID"].removeprefix("genrm://"))
+    return None
+
+
+def attribute(failures: list[Failure], crashes: list[Crash]) -> tuple[dict[int, list[Failure]], list[Failure]]:
+    """Failures within CRASH_WINDOW_SECONDS after a crash (the latest one), and all others."""
+    by_crash: dict[int, list[Failure]] = {i: [] for i in range(len(crashes))}
+    other: list[Failure] = []
+    for f in failures:
+        owners = [i for i, c in enumerate(crashes) if c.at <= f.at <= c.at + CRASH_WINDOW_SECONDS]
+        (by_crash[owners[-1]] if owners else other).append(f)
+    return by_crash, other
+
+
+def test_soak_random_scaling_operator_kills_and_engine_crashes_lose_nothing(
+    cluster: Cluster, operator: OperatorProcess, namespace: str
+) -> None:
+    seconds = float(os.environ.get("GENRM_SOAK_SECONDS") or 180)
+    seed = int(os.environ.get("GENRM_SOAK_SEED") or random.SystemRandom().randrange(10**6))
+    print(f"\nsoak: seed={seed} seconds={seconds:g} (GENRM_SOAK_SEED={seed} repeats this run)", flush=True)
+    rng = random.Random(seed)
+    cluster.kubectl("apply", "-f", "-", input=pool_manifest(
+        POOL, namespace, replicas=2, drain={"propagationSeconds": 2, "quietSeconds": 2, "timeoutSeconds": 60}))
+    cluster.wait_serving(namespace, POOL, 2)
+    pool = cluster.pool(namespace, POOL)
+    secret = json.loads(cluster.kubectl("get", "secret", secret_name(POOL), "-n", namespace, "-o", "json"))
+    token = base64.b64decode(secret["data"][TOKEN_KEY]).decode()
+    monitor = Monitor(cluster, namespace, token, pool["metadata"]["uid"])
+    monitor.target_set(2)
+
+    kill_count = max(MIN_OPERATOR_KILLS, int(seconds / 12))
+    kill_at = sorted(rng.uniform(5, seconds - 10) for _ in range(kill_count))
+    crash_at = sorted(rng.uniform(20, seconds - 20) for _ in range(max(3, int(seconds / 60))))
+    crashes: list[Crash] = []
+    scale_changes, target = 0, 2
+    stop = threading.Event()
+
+    def monitor_loop() -> None:
+        with httpx.Client(timeout=1.0) as http:
+            while not stop.wait(1.0):
+                try:
+                    monitor.check(http)
+                except AssertionError as exc:  # kubectl hiccup: the next second checks again
+                    print(f"soak monitor: {exc}", flush=True)
+
+    with cluster.plain_clients(namespace, POOL) as plain:
+        checker = threading.Thread(target=monitor_loop, name="soak-monitor", daemon=True)
+        checker.start()
+        start = time.monotonic()
+        next_scale = start + rng.uniform(*SCALE_EVERY)
+        while (now := time.monotonic()) < start + seconds:
+            elapsed = now - start
+            if kill_at and elapsed >= kill_at[0]:
+                kill_at.pop(0)
+                operator.kill()
+                stop.wait(rng.uniform(*RESTART_AFTER))
+                operator.start()
+            if crash_at and elapsed >= crash_at[0]:
+                crash = _crash_an_engine(cluster, namespace, monitor, rng)
+                if crash is not None:
+                    crash_at.pop(0)
+                    crashes.append(crash)
+                else:
+                    crash_at[0] = elapsed + 2.0  # until two replicas serve
+            if now >= next_scale:
+                target = rng.randint(*TARGETS)
+                monitor.target_set(target)
+                cluster.scale(namespace, POOL, target)
+                scale_changes += 1
+                next_scale = now + rng.uniform(*SCALE_EVERY)
+            time.sleep(0.1)
+        if operator.proc is None or operator.proc.poll() is not None:
+            operator.start()
+        converge_start = time.monotonic()
+        cluster.wait_serving(namespace, POOL, target, timeout=CONVERGE_TIMEOUT)
+        converge_s = time.monotonic() - converge_start
+        stop.set()
+        checker.join(5)
+
+    by_crash, other = attribute(plain.stats.failures, crashes)
+    excess: list[str] = []
+    for i, crash in enumerate(crashes):
+        lost = by_crash[i]
+        openai_lost = [f for f in lost if f.kind in OPENAI_KINDS]
+        print(f"soak: engine crash {crash.pod} in_flight={crash.inflight} serving={crash.serving} "
+              f"failed={len(lost)} openai_failed={len(openai_lost)}", flush=True)
+        if len(lost) > crash.inflight or openai_lost:
+            excess += [f"crash of {crash.pod} (in flight {crash.inflight}, {crash.serving} serving): {f}"
+                       for f in lost]
+    SOAK.figures = SoakFigures(
+        requests=plain.stats.total_sent, failed=plain.stats.failed, scale_changes=scale_changes,
+        operator_kills=kill_count, engine_kills=len(crashes), violations=len(monitor.violations),
+        converge_s=converge_s)
+    print(SOAK.figures.line(), flush=True)
+    assert not monitor.violations, "\n".join(monitor.violations)
+    listing = "\n".join(str(f) for f in other[:200])
+    assert not other, f"{len(other)} failures outside engine crashes:\n{listing}"
+    assert not excess, "failures beyond what the crashed engines held:\n" + "\n".join(excess[:200])
+    assert plain.stats.total_sent > 1000
+
+
+def _crash_an_engine(cluster: Cluster, namespace: str, monitor: Monitor, rng: random.Random) -> Crash | None:
+    """SIGKILL the engine of a random published replica; None unless another one serves too."""
+    serving = published(cluster.pods(namespace, POOL))
+    candidates = [(p, pid) for p in serving if (pid := engine_pid(p)) is not None]
+    if len(serving) < 2 or not candidates:
+        return None
+    pod, pid = rng.choice(candidates)
+    with httpx.Client(timeout=1.0) as http:
+        report = monitor.sidecar_state(pod, http) or {}
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return None
+    print(f"soak: killed the engine of {pod['metadata']['name']} (pid {pid}), sidecar said {report}", flush=True)
+    return Crash(time.monotonic(), pod["metadata"]["name"], int(report.get("inflight", 0)), len(serving))
