@@ -35,9 +35,9 @@ REASON_HEADER = "x-genrm-reason"
 DRAINING_HEADER = "x-genrm-draining"
 """Set on answers given while the replica drains."""
 
-QUIET_SECONDS = 2.0
+QUIET_SECONDS = 2
 """Fenced, empty and engine-idle this long counts as drained."""
-PROPAGATION_SECONDS = 5.0
+PROPAGATION_SECONDS = 5
 """Soft drain to fence: time for endpoints to stop routing to the replica."""
 MAX_BODY_BYTES = 8 * 1024 * 1024
 """Request bodies larger than this are refused with 413."""

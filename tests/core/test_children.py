@@ -15,8 +15,14 @@ Aspects under test:
 
 from __future__ import annotations
 
+import http.server
+import json
+import subprocess
+import sys
+import threading
 from typing import Any
 
+import pytest
 from genrm_gateway import cli as gateway_cli
 from genrm_gateway.config import Limits
 from genrm_operator.api.pool import GenRMPoolSpec
@@ -112,7 +118,36 @@ def test_probes_and_the_draining_pre_stop_hook_are_on_the_gateway_sidecar() -> N
     assert flag(gateway["args"], "--port") == "8100" and flag(gateway["args"], "--control-port") == "9100"
     assert "readinessProbe" not in container(manifest, "engine")
     engine_pre_stop = container(manifest, "engine")["lifecycle"]["preStop"]["exec"]["command"]
-    assert "127.0.0.1:9100/v1/state" in engine_pre_stop[-1] and "end=time.time()+124" in engine_pre_stop[-1]
+    assert engine_pre_stop[:2] == ["python3", "-c"] and engine_pre_stop[3:] == ["9100", "124"]
+
+
+@pytest.mark.parametrize(("state", "exit_code"), [("Drained", 0), ("Fenced", 1)])
+def test_the_engine_pre_stop_script_runs_alone_and_waits_for_drained(state: str, exit_code: int) -> None:
+    """The hook runs in the engine image, which has python3 but none of this project's packages."""
+    seen: list[str] = []
+
+    class Gateway(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(f"{self.path} {self.headers.get('authorization')}")
+            body = json.dumps({"state": state}).encode()
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        command = container(pod(make_spec()), "engine")["lifecycle"]["preStop"]["exec"]["command"]
+        command = [sys.executable, "-I", *command[1:3], str(server.server_address[1]), "0.6"]
+        done = subprocess.run(command, env={"GENRM_CONTROL_TOKEN": "tok"}, timeout=10, capture_output=True)
+    finally:
+        server.shutdown()
+    assert done.returncode == exit_code, done.stderr
+    assert seen and seen[0] == "/v1/state Bearer tok"
 
 
 def test_every_gateway_limit_becomes_a_gateway_flag_with_the_gateways_own_default() -> None:

@@ -101,6 +101,9 @@ def test_latency_comes_from_the_requests_between_two_scrapes() -> None:
 @dataclass(frozen=True)
 class Gateway:
     url: str
+    """Judge traffic."""
+    control: str
+    """Probes and /metrics."""
 
 
 @contextmanager
@@ -108,13 +111,13 @@ def gateway() -> Iterator[Gateway]:
     """A gateway in front of a simulator slow enough (80 ms per token, answers of 15-40 tokens) that
     requests stay in flight for a second or more."""
     with run_sim("--sim-itl-ms", "80", ready_path=None) as sim:
-        port = free_port()
+        port, control_port = free_port(), free_port()
         command = [sys.executable, "-m", "genrm_gateway", "serve", "--host", "127.0.0.1", "--port", str(port),
-                   "--engine-url", sim.url, "--engine-poll-seconds", "0.1"]
+                   "--control-port", str(control_port), "--engine-url", sim.url, "--engine-poll-seconds", "0.1"]
         with launched(command, env=os.environ | {"GENRM_CONTROL_TOKEN": "t"}):
-            url = f"http://127.0.0.1:{port}"
-            wait_ready(f"{url}/healthz/ready")
-            yield Gateway(url)
+            live = Gateway(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{control_port}")
+            wait_ready(f"{live.control}/healthz/ready")
+            yield live
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +148,7 @@ def in_flight(url: str, requests: int, tokens: int = 100) -> Iterator[None]:
 async def test_direct_source_scrapes_a_live_gateway(live: Gateway) -> None:
     async with httpx.AsyncClient() as http:
         source = DirectSource(http)
-        targets = {"judge-0": f"{live.url}/metrics"}
+        targets = {"judge-0": f"{live.control}/metrics"}
         first = await source.sample(PER_REPLICA, targets, now=0.0, interval=2.0)
         assert first["judge-0"]["InFlight"] == 0.0
         assert "Latency" not in first["judge-0"]            # one scrape says nothing about recent latency
@@ -162,7 +165,7 @@ async def test_direct_source_keeps_a_sample_until_it_is_stale(live: Gateway) -> 
     async with httpx.AsyncClient() as http:
         source = DirectSource(http)
         metrics = [metric("InFlight")]
-        assert await source.sample(metrics, {"judge-0": f"{live.url}/metrics"}, now=0.0, interval=1.0)
+        assert await source.sample(metrics, {"judge-0": f"{live.control}/metrics"}, now=0.0, interval=1.0)
         dead = {"judge-0": f"http://127.0.0.1:{free_port()}/metrics"}
         assert await source.sample(metrics, dead, now=2.0, interval=1.0) == {"judge-0": {"InFlight": 0.0}}
         assert await source.sample(metrics, dead, now=3.5, interval=1.0) == {}  # older than 3 intervals

@@ -1,8 +1,9 @@
 """Tests of the pure parts of ``genrm_operator.shell.sidecar``.
 
-Aspects under test: ``parse_state`` turns a gateway ``/v1/state`` document into the core's
-``SidecarView`` for each drain state, with in-flight count, engine health and drain id, and
-returns None (unknown, never drained) for anything that is not a state document;
+Aspects under test: ``parse_state`` turns a gateway ``/v1/state`` document (built from the shared
+contract) into the core's ``SidecarView`` for each drain state, with in-flight count, engine
+health and drain id, and returns None (unknown, never drained) for anything that is not a whole
+state document;
 ``compare`` accepts a first replica without a reference, accepts identical answers and names
 the first differing probe with both answers (truncated) otherwise; the default probes.
 """
@@ -12,26 +13,37 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from genrm_contract.sidecar import DrainState, EngineReport, StateDocument
 from genrm_operator.core.model import SidecarView
 from genrm_operator.shell.sidecar import DEFAULT_PROBES, Endpoint, compare, parse_state
 
 
-@pytest.mark.parametrize("state", ["Serving", "SoftDrain", "Fenced", "Drained"])
-def test_every_drain_state_is_parsed(state: str) -> None:
-    doc = {"state": state, "inflight": 4, "drainId": "genrm/uid-1",
-           "engine": {"up": True, "healthy": True, "running": 4, "waiting": 0}}
-    assert parse_state(doc) == SidecarView(state=state, inflight=4, engine_healthy=True,  # type: ignore[arg-type]
-                                           drain_id="genrm/uid-1")
+def state_document(state: DrainState, inflight: int = 4, healthy: bool = True,
+                   drain_id: str | None = "genrm/uid-1") -> dict[str, object]:
+    """A document as the gateway writes it: built from the shared contract, so it cannot drift."""
+    return StateDocument(
+        state=state, drain_id=drain_id, inflight=inflight, admitted_total=9, completed_total=5, refused_total=0,
+        engine=EngineReport(up=healthy, healthy=healthy, running_requests=inflight, queued_requests=0,
+                            token_usage=0.1),
+        idle_since_seconds=None).wire()
+
+
+@pytest.mark.parametrize("state", list(DrainState))
+def test_every_drain_state_is_parsed(state: DrainState) -> None:
+    assert parse_state(state_document(state)) == SidecarView(state=state, inflight=4, engine_healthy=True,
+                                                             drain_id="genrm/uid-1")
 
 
 def test_a_serving_sidecar_with_a_cold_engine_is_not_healthy() -> None:
-    view = parse_state({"state": "Serving", "inflight": 0, "engine": {"up": False, "healthy": False}})
-    assert view == SidecarView(state="Serving", inflight=0, engine_healthy=False, drain_id=None)
+    view = parse_state(state_document(DrainState.SERVING, inflight=0, healthy=False, drain_id=None))
+    assert view == SidecarView(state=DrainState.SERVING, inflight=0, engine_healthy=False, drain_id=None)
 
 
-def test_missing_fields_default_to_idle_and_unhealthy() -> None:
-    assert parse_state({"state": "Fenced"}) == SidecarView(state="Fenced", inflight=0, engine_healthy=False)
-    assert parse_state({"state": "Drained", "inflight": None, "engine": None}) == SidecarView(state="Drained")
+def test_an_incomplete_document_is_unknown_never_idle() -> None:
+    """A document without its in-flight count must not read as an empty replica (it could be deleted)."""
+    assert parse_state({"state": "Fenced"}) is None
+    assert parse_state({**state_document(DrainState.DRAINED), "inflight": None}) is None
+    assert parse_state({**state_document(DrainState.DRAINED), "inflight": -1}) is None
 
 
 @pytest.mark.parametrize("doc", [

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from genrm_contract import sidecar
 from pydantic import Field
 
 from .base import ApiModel, cel, validations
@@ -109,13 +110,13 @@ class GatewaySpec(ApiModel):
 
     image: str = Field("genrm/gateway:0.1.0", min_length=1)
     """Gateway container image."""
-    port: int = Field(8000, ge=1, le=65535)
+    port: int = Field(sidecar.TRAFFIC_PORT, ge=1, le=65535)
     """Port of judge traffic (pod IP); the Service targets it. Only the judge routes are served here."""
-    control_port: int = Field(8001, ge=1, le=65535)
+    control_port: int = Field(sidecar.CONTROL_PORT, ge=1, le=65535)
     """Port of the probes, the drain API and /metrics (the kubelet, the operator, Prometheus)."""
     resources: OpaqueObject = Field(default_factory=dict)
     """Gateway container resources (core/v1 ResourceRequirements)."""
-    max_request_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    max_request_body_bytes: int = Field(sidecar.MAX_BODY_BYTES, ge=1024)
     """Requests with larger bodies are refused with 413."""
     limits: GatewayLimits = Field(default_factory=GatewayLimits)
     """Per-client limits: head size, header count, timeouts, JSON depth, connections."""
@@ -131,9 +132,9 @@ class DrainSpec(ApiModel):
         )
     }
 
-    propagation_seconds: int = Field(5, ge=0, le=600)
+    propagation_seconds: int = Field(sidecar.PROPAGATION_SECONDS, ge=0, le=600)
     """Time between unpublishing and fencing, for clients and endpoints to stop routing to the victim."""
-    quiet_seconds: int = Field(2, ge=0, le=600)
+    quiet_seconds: int = Field(sidecar.QUIET_SECONDS, ge=0, le=600)
     """The victim must be fenced, empty and its engine idle this long to count as drained."""
     timeout_seconds: int = Field(300, ge=1, le=86400)
     """Longest wait for a drain; should exceed the slowest judge request."""

@@ -8,7 +8,10 @@ and deleting a pod by hand still drains it through the sidecar's preStop hook.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
+
+from genrm_contract import drained, sidecar
 
 from ..api.pool import GenRMPoolSpec
 from ..api.spec import GatewayLimits
@@ -33,19 +36,9 @@ SGLANG_LAUNCHER = ["python3", "-m", "sglang.launch_server"]
 SHUTDOWN_SLACK_SECONDS = 30
 """Engine shutdown after the drain, plus margin, inside terminationGracePeriodSeconds."""
 
-# Engine preStop: wait until the sidecar reports Drained so SGLang is not stopped under admitted
-# requests. It runs in the engine image, which has python3, and shares the pod's network namespace.
-ENGINE_PRESTOP = (
-    "import json,os,time,urllib.request\n"
-    "url='http://127.0.0.1:%s/v1/state'\n"
-    "req=urllib.request.Request(url,headers={'Authorization':'Bearer '+os.environ.get('GENRM_CONTROL_TOKEN','')})\n"
-    "end=time.time()+%d\n"
-    "while time.time()<end:\n"
-    "    try:\n"
-    "        if json.load(urllib.request.urlopen(req,timeout=2)).get('state')=='Drained': break\n"
-    "    except Exception: pass\n"
-    "    time.sleep(1)\n"
-)
+ENGINE_PRESTOP = inspect.getsource(drained)
+"""The engine's preStop hook: wait until the sidecar reports Drained so SGLang is not stopped under
+admitted requests. It runs in the engine image (python3, no gateway) in the pod's network namespace."""
 
 
 def owner_reference(pool: str, uid: str) -> Manifest:
@@ -84,7 +77,7 @@ def gateway_limit_args(limits: GatewayLimits) -> list[str]:
 
 def _token_env(pool: str) -> Manifest:
     return {
-        "name": "GENRM_CONTROL_TOKEN",
+        "name": sidecar.TOKEN_ENV,
         "valueFrom": {"secretKeyRef": {"name": secret_name(pool), "key": TOKEN_KEY}},
     }
 
@@ -118,7 +111,7 @@ def pod_manifest(pool: str, pool_uid: str, namespace: str, spec: GenRMPoolSpec, 
         "resources": _with_gpus(engine.resources, engine.gpus_per_replica),
         "volumeMounts": list(template.volume_mounts),
         "lifecycle": {"preStop": {"exec": {"command": [
-            "python3", "-c", ENGINE_PRESTOP % (gateway.control_port, drain_deadline),
+            "python3", "-c", ENGINE_PRESTOP, str(gateway.control_port), str(drain_deadline),
         ]}}},
     }
     gateway_container: Manifest = {
@@ -134,15 +127,15 @@ def pod_manifest(pool: str, pool_uid: str, namespace: str, spec: GenRMPoolSpec, 
             *gateway_limit_args(gateway.limits),
         ],
         "env": [_token_env(pool)],
-        "ports": [{"name": "http", "containerPort": gateway.port, "protocol": "TCP"},
-                  {"name": "control", "containerPort": gateway.control_port, "protocol": "TCP"}],
+        "ports": [{"name": sidecar.TRAFFIC_PORT_NAME, "containerPort": gateway.port, "protocol": "TCP"},
+                  {"name": sidecar.CONTROL_PORT_NAME, "containerPort": gateway.control_port, "protocol": "TCP"}],
         "resources": dict(gateway.resources),
         "readinessProbe": {
-            "httpGet": {"path": "/healthz/ready", "port": "control"},
+            "httpGet": {"path": sidecar.READY_PATH, "port": sidecar.CONTROL_PORT_NAME},
             "periodSeconds": 1, "failureThreshold": 1, "successThreshold": 1, "timeoutSeconds": 1,
         },
         "livenessProbe": {
-            "httpGet": {"path": "/healthz/live", "port": "control"},
+            "httpGet": {"path": sidecar.LIVE_PATH, "port": sidecar.CONTROL_PORT_NAME},
             "periodSeconds": 10, "failureThreshold": 3, "timeoutSeconds": 5,
         },
         "lifecycle": {"preStop": {"exec": {"command": [
@@ -196,7 +189,8 @@ def service_manifest(pool: str, pool_uid: str, namespace: str, spec: GenRMPoolSp
     return _owned("v1", "Service", service_name(pool), pool, pool_uid, namespace, spec={
         "type": spec.service.type,
         "selector": {POOL_LABEL: pool, PUBLISHED_LABEL: "true"},
-        "ports": [{"name": "http", "port": spec.service.port, "targetPort": "http", "protocol": "TCP"}],
+        "ports": [{"name": sidecar.TRAFFIC_PORT_NAME, "port": spec.service.port,
+                   "targetPort": sidecar.TRAFFIC_PORT_NAME, "protocol": "TCP"}],
     })
 
 

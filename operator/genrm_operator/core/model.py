@@ -12,9 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from genrm_contract.sidecar import DrainState
+
 from ..api.pool import GenRMPoolSpec, GenRMPoolStatus
 
-DrainState = Literal["Serving", "SoftDrain", "Fenced", "Drained"]
 Verification = Literal["", "passed", "failed"]
 
 

@@ -16,6 +16,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
+from genrm_contract.sidecar import DrainRequest, Phase, UndrainRequest
+
 from ..api.pool import GenRMPoolSpec, GenRMPoolStatus
 from ..core import children
 from ..core.model import (
@@ -172,11 +174,10 @@ class PoolReconciler:
                     await self.kube.patch_pod_meta(ns, name, uid, {PUBLISHED_LABEL: str(published).lower()},
                                                    annotations)
                 case Drain(name=name, drain_id=drain_id, phase=phase) if name in endpoints:
-                    await self.sidecars.control(endpoints[name], "/v1/drain",
-                                                {"drainId": drain_id, "phase": phase,
-                                                 "quietSeconds": spec.drain.quiet_seconds})
+                    await self.sidecars.drain(endpoints[name], DrainRequest(
+                        drain_id=drain_id, phase=Phase(phase), quiet_seconds=spec.drain.quiet_seconds))
                 case Undrain(name=name, drain_id=drain_id) if name in endpoints:
-                    await self.sidecars.control(endpoints[name], "/v1/undrain", {"drainId": drain_id})
+                    await self.sidecars.undrain(endpoints[name], UndrainRequest(drain_id=drain_id))
                 case Verify(name=name, uid=uid, reference=reference) if name in endpoints and (
                         reference is None or reference in endpoints):
                     await self.verify(spec, name, uid, endpoints[name],

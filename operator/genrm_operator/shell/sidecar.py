@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from genrm_contract.sidecar import DRAIN_PATH, STATE_PATH, UNDRAIN_PATH, DrainRequest, StateDocument, UndrainRequest
+from pydantic import ValidationError
 
 from ..api.spec import ProbeRequest, VerificationSpec
 from ..core.model import SidecarView
 
 log = logging.getLogger(__name__)
 STATE_TIMEOUT = httpx.Timeout(2.0, connect=1.0)
-DRAIN_STATES = ("Serving", "SoftDrain", "Fenced", "Drained")
 DEFAULT_PROBES = (
     ProbeRequest(prompt="Rate the answer 'Paris' to the question 'What is the capital of France?' "
                         "from 1 to 10 and explain briefly.", max_new_tokens=32),
@@ -59,16 +60,12 @@ class Endpoint:
 
 def parse_state(doc: Mapping[str, Any]) -> SidecarView | None:
     """The core's view of a /v1/state document, or None when it is not one."""
-    state = doc.get("state")
-    if state not in DRAIN_STATES:
+    try:
+        state = StateDocument.model_validate(doc)
+    except ValidationError:
         return None
-    engine = doc.get("engine") or {}
-    return SidecarView(
-        state=state,
-        inflight=int(doc.get("inflight") or 0),
-        engine_healthy=bool(engine.get("healthy")),
-        drain_id=doc.get("drainId"),
-    )
+    return SidecarView(state=state.state, inflight=state.inflight, engine_healthy=state.engine.healthy,
+                       drain_id=state.drain_id)
 
 
 class SidecarClient:
@@ -82,7 +79,7 @@ class SidecarClient:
 
     async def state(self, ep: Endpoint) -> SidecarView | None:
         try:
-            response = await self._http.get(f"{ep.control}/v1/state", headers=ep.headers)
+            response = await self._http.get(f"{ep.control}{STATE_PATH}", headers=ep.headers)
             return parse_state(response.json()) if response.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             return None
@@ -92,10 +89,18 @@ class SidecarClient:
         views = await asyncio.gather(*(self.state(endpoints[n]) for n in names))
         return dict(zip(names, views, strict=True))
 
-    async def control(self, ep: Endpoint, path: str, body: Mapping[str, Any]) -> bool:
-        """POST a drain/undrain call; False (to be retried next step) on any failure."""
+    async def drain(self, ep: Endpoint, request: DrainRequest) -> bool:
+        """POST /v1/drain; False (to be retried next step) on any failure."""
+        return await self._control(ep, DRAIN_PATH, request)
+
+    async def undrain(self, ep: Endpoint, request: UndrainRequest) -> bool:
+        """POST /v1/undrain; False (to be retried next step) on any failure."""
+        return await self._control(ep, UNDRAIN_PATH, request)
+
+    async def _control(self, ep: Endpoint, path: str, request: DrainRequest | UndrainRequest) -> bool:
         try:
-            response = await self._http.post(f"{ep.control}{path}", json=dict(body), headers=ep.headers)
+            response = await self._http.post(f"{ep.control}{path}", headers=ep.headers,
+                                             json=request.model_dump(by_alias=True, exclude_none=True, mode="json"))
         except httpx.HTTPError as exc:
             log.info("sidecar %s %s failed: %s", ep.control, path, exc)
             return False
