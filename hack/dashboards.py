@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from genrm_contract.sidecar import Series
+
 OUT_DIR = Path(__file__).resolve().parents[1] / "charts" / "genrm-operator" / "dashboards"
 JSON = dict[str, Any]
 DATASOURCE: JSON = {"type": "prometheus", "uid": "${datasource}"}
@@ -204,31 +206,31 @@ GATEWAY = Dashboard(
     uid="genrm-gateway",
     title="GenRM / Gateway",
     description="The genrm-gateway sidecar of every judge pod: traffic, errors, latency, admission and drains.",
-    variable_metric="genrm_gateway_inflight_requests",
+    variable_metric=Series.INFLIGHT,
     per_pod=True,
     rows=(
         Row("Traffic", (
             Panel("Request rate", "Requests answered per second, by route.", "reqps",
-                  (Target(f"sum by (route) (rate(genrm_gateway_requests_total{{{POD}}}[{RATE}]))", "{{route}}"),)),
+                  (Target(f"sum by (route) (rate({Series.REQUESTS}_total{{{POD}}}[{RATE}]))", "{{route}}"),)),
             Panel("Error ratio", "Share of answers with a 5xx status.", "percentunit",
-                  (Target(f'sum by (pool) (rate(genrm_gateway_requests_total{{{POD}, code=~"5.."}}[{RATE}])) / '
-                          f"sum by (pool) (rate(genrm_gateway_requests_total{{{POD}}}[{RATE}]))", "{{pool}}"),),
+                  (Target(f'sum by (pool) (rate({Series.REQUESTS}_total{{{POD}, code=~"5.."}}[{RATE}])) / '
+                          f"sum by (pool) (rate({Series.REQUESTS}_total{{{POD}}}[{RATE}]))", "{{pool}}"),),
                   max=1),
             Panel("Latency per pod", "Median and 99th percentile time from admission to the last response byte.",
-                  "s", _quantiles("genrm_gateway_request_duration_seconds", POD, "pod", "{{pod}}"), width=WIDTH),
+                  "s", _quantiles(Series.REQUEST_DURATION, POD, "pod", "{{pod}}"), width=WIDTH),
         )),
         Row("Admission and drain", (
             Panel("In-flight requests", "Requests admitted and not yet answered, per pod.", "short",
-                  (Target(f"sum by (pod) (genrm_gateway_inflight_requests{{{POD}}})", "{{pod}}"),)),
+                  (Target(f"sum by (pod) ({Series.INFLIGHT}{{{POD}}})", "{{pod}}"),)),
             Panel("Refusals", "Requests the gateway refused per second, by reason (draining, fenced, engine "
                   "down, too large, ...).", "reqps",
-                  (Target(f"sum by (reason) (rate(genrm_gateway_refused_total{{{POD}}}[{RATE}]))", "{{reason}}"),),
+                  (Target(f"sum by (reason) (rate({Series.REFUSED}_total{{{POD}}}[{RATE}]))", "{{reason}}"),),
                   stack=True),
             Panel("Pods by drain state", "Number of pods in each drain state (Serving, SoftDrain, Fenced, Drained).",
-                  "short", (Target(f"sum by (state) (genrm_gateway_drain_state{{{POD}}})", "{{state}}"),),
+                  "short", (Target(f"sum by (state) ({Series.DRAIN_STATE}{{{POD}}})", "{{state}}"),),
                   stack=True),
             Panel("Engine reachable", "1 while the gateway's engine answers HTTP, per pod.", "short",
-                  (Target(f"min by (pod) (genrm_gateway_engine_up{{{POD}}})", "{{pod}}"),), max=1),
+                  (Target(f"min by (pod) ({Series.ENGINE_UP}{{{POD}}})", "{{pod}}"),), max=1),
         )),
     ),
 )
@@ -238,20 +240,20 @@ ENGINE = Dashboard(
     title="GenRM / Engine",
     description="SGLang engine load as re-exported by each judge pod's gateway (the engine itself listens "
                 "on loopback only).",
-    variable_metric="genrm_gateway_inflight_requests",
+    variable_metric=Series.INFLIGHT,
     per_pod=True,
     rows=(
         Row("Load", (
             Panel("Running requests", "Requests in the engine's running batch, per pod.", "short",
-                  (Target(f"sum by (pod) (genrm_engine_running_requests{{{POD}}})", "{{pod}}"),)),
+                  (Target(f"sum by (pod) ({Series.ENGINE_RUNNING}{{{POD}}})", "{{pod}}"),)),
             Panel("Queued requests", "Requests waiting for a batch slot, per pod: a sustained queue means "
                   "the pool needs more replicas.", "short",
-                  (Target(f"sum by (pod) (genrm_engine_queued_requests{{{POD}}})", "{{pod}}"),)),
+                  (Target(f"sum by (pod) ({Series.ENGINE_QUEUED}{{{POD}}})", "{{pod}}"),)),
             Panel("KV-cache usage", "Share of the KV-cache token pool in use, per pod.", "percentunit",
-                  (Target(f"max by (pod) (genrm_engine_kv_cache_usage_ratio{{{POD}}})", "{{pod}}"),), max=1),
+                  (Target(f"max by (pod) ({Series.ENGINE_KV_CACHE}{{{POD}}})", "{{pod}}"),), max=1),
             Panel("Pool load", "Running and queued requests summed over the pool.", "short",
-                  (Target(f"sum by (pool) (genrm_engine_running_requests{{{POD}}})", "{{pool}} running"),
-                   Target(f"sum by (pool) (genrm_engine_queued_requests{{{POD}}})", "{{pool}} queued"))),
+                  (Target(f"sum by (pool) ({Series.ENGINE_RUNNING}{{{POD}}})", "{{pool}} running"),
+                   Target(f"sum by (pool) ({Series.ENGINE_QUEUED}{{{POD}}})", "{{pool}} queued"))),
         )),
     ),
 )
