@@ -7,7 +7,7 @@ against *ground truth* rather than against the core's own view:
 - pods with phase, readiness, published label, ever-published and verification
   annotations, deletion state, scheduler message and restart count;
 - one gateway sidecar per pod with its drain state machine
-  (Serving -> SoftDrain -> Fenced -> Drained, as in ``genrm_gateway.drain``) and an
+  (Serving -> SoftDrain -> Fenced -> Drained, the contract's ``genrm_contract.sidecar.DrainState``) and an
   in-flight request count; fenced and drained sidecars refuse new requests, a fenced
   sidecar becomes Drained only after in-flight stayed 0 for ``drain.quietSeconds``;
 - engine warm-up after scheduling (slow starts possible), a GPU capacity limit (pods
@@ -32,13 +32,13 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from genrm_contract.sidecar import DrainState, Phase
 from genrm_operator.api.pool import GenRMPoolSpec, GenRMPoolStatus
 from genrm_operator.core.classify import failure_reason
 from genrm_operator.core.model import (
     CreatePod,
     DeletePod,
     Drain,
-    DrainState,
     Observed,
     Plan,
     PodView,
@@ -63,7 +63,7 @@ class Violation(AssertionError):
 class SimSidecar:
     """The gateway sidecar of one pod."""
 
-    state: DrainState = "Serving"
+    state: DrainState = DrainState.SERVING
     inflight: int = 0
     drain_id: str | None = None
     quiet_since: float | None = None
@@ -106,7 +106,7 @@ class SimPod:
     @property
     def ready(self) -> bool:
         """The sidecar's readiness probe: engine warm and not draining."""
-        return self.warm and self.sidecar.state == "Serving"
+        return self.warm and self.sidecar.state == DrainState.SERVING
 
     @property
     def reachable(self) -> bool:
@@ -183,7 +183,7 @@ class World:
         if not pod.warm or not pod.reachable:
             return False
         state = pod.sidecar.state
-        return state == "SoftDrain" or (state == "Serving" and pod.published)
+        return state == DrainState.SOFT_DRAIN or (state == DrainState.SERVING and pod.published)
 
     def arrive(self, pod: SimPod, count: int) -> None:
         if self.accepts_requests(pod):
@@ -283,10 +283,10 @@ class World:
         quiet = float(self.spec.drain.quiet_seconds)
         for pod in self.pods.values():
             sc = pod.sidecar
-            if sc.state == "Fenced" and sc.inflight == 0:
+            if sc.state == DrainState.FENCED and sc.inflight == 0:
                 sc.quiet_since = self.now if sc.quiet_since is None else sc.quiet_since
                 if self.now - sc.quiet_since >= quiet:
-                    sc.state = "Drained"
+                    sc.state = DrainState.DRAINED
 
     # ----- observation -------------------------------------------------------------------------
 
@@ -368,20 +368,20 @@ class World:
                 if pod is None or not pod.reachable or did != drain_id(pod.uid):
                     return
                 sc = pod.sidecar
-                if sc.state != "Serving" and sc.drain_id != did:
+                if sc.state != DrainState.SERVING and sc.drain_id != did:
                     return  # 409: another drain is in progress
                 sc.drain_id = did
-                if phase == "fence" and sc.state in ("Serving", "SoftDrain"):
-                    sc.state, sc.quiet_since = "Fenced", None
-                elif phase == "soft" and sc.state == "Serving":
-                    sc.state = "SoftDrain"
+                if phase == Phase.FENCE and sc.state in (DrainState.SERVING, DrainState.SOFT_DRAIN):
+                    sc.state, sc.quiet_since = DrainState.FENCED, None
+                elif phase == Phase.SOFT and sc.state == DrainState.SERVING:
+                    sc.state = DrainState.SOFT_DRAIN
             case Undrain(name=name, drain_id=did):
                 pod = self.pods.get(name)
                 if pod is None or not pod.reachable:
                     return
                 sc = pod.sidecar
-                if sc.state in ("SoftDrain", "Fenced") and sc.drain_id == did:
-                    sc.state, sc.drain_id, sc.quiet_since = "Serving", None, None
+                if sc.state in (DrainState.SOFT_DRAIN, DrainState.FENCED) and sc.drain_id == did:
+                    sc.state, sc.drain_id, sc.quiet_since = DrainState.SERVING, None, None
             case _:
                 raise Violation(f"unknown action {action!r}")
 
@@ -435,7 +435,7 @@ class World:
             raise Violation(f"{pod.name} deleted with {pod.sidecar.inflight} request(s) in flight "
                             f"(sidecar {pod.sidecar.state}, victim {victim})")
         failed = pod.phase == "Failed" or pod.restarts > 0
-        if pod.ever_published and not failed and not forced and pod.sidecar.state != "Drained":
+        if pod.ever_published and not failed and not forced and pod.sidecar.state != DrainState.DRAINED:
             raise Violation(f"{pod.name} was published and is deleted while its sidecar is "
                             f"{pod.sidecar.state}, not Drained")
 
@@ -444,7 +444,7 @@ class World:
         seen = next((p for p in obs.pods if p.name == pod.name and p.uid == pod.uid), None)
         sidecar = obs.sidecars.get(pod.name)
         if seen is None or not seen.ready or sidecar is None or not sidecar.engine_healthy \
-                or sidecar.state != "Serving":
+                or sidecar.state != DrainState.SERVING:
             raise Violation(f"{pod.name} published without being seen ready and warm ({seen}, {sidecar})")
         if self.spec.verification.enabled and (seen.verification != "passed" or pod.verification != "passed"):
             raise Violation(f"{pod.name} published with verification {pod.verification!r}")
