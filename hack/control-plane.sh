@@ -20,7 +20,8 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 log() { printf '[control-plane] %s\n' "$*" >&2; }
 
 if [[ -n "${KUBEBUILDER_ASSETS:-}" ]]; then
-  for b in etcd kube-apiserver; do
+  # The local cluster runs all of these (envtest's assets alone lack the controllers and kube-proxy).
+  for b in etcd kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl; do
     [[ -x "$KUBEBUILDER_ASSETS/$b" ]] || { log "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS lacks $b"; exit 1; }
   done
   echo "$KUBEBUILDER_ASSETS"
