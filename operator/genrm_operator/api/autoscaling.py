@@ -135,9 +135,14 @@ class MetricTarget(ApiModel):
 
     _checked = model_validator(mode="after")(_check_target)
 
+    @property
+    def quantity(self) -> str:
+        """The target quantity, whichever of the two fields holds it."""
+        return self.average_value if self.average_value is not None else self.value or "0"
+
     def amount(self) -> float:
-        """The target as a number, whichever of the two fields holds it."""
-        return quantity_value(self.average_value if self.average_value is not None else self.value or "0")
+        """The target as a number."""
+        return quantity_value(self.quantity)
 
 
 _METRIC_CONFIG, _check_metric = _ruled(

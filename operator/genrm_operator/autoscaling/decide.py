@@ -38,10 +38,10 @@ from genrm_operator.api.autoscaling import (
     format_quantity,
     format_time,
     parse_time,
-    quantity_value,
 )
 
 from .metrics import MetricOutcome, Tolerance, evaluate
+from .milli import MILLI, quantity_milli
 from .observation import Observation, ReplicaState
 from .policies import limit, record_event
 from .recommend import recommend
@@ -106,10 +106,7 @@ def decide(spec: AutoscalingSpec, observation: Observation, status: AutoscalerSt
     if spec.max_replicas is None:
         raise ValueError("decide() needs an active autoscaling spec (mode Advisory or Auto)")
     current = observation.current_replicas
-    tolerance = Tolerance(
-        up=quantity_value(spec.behavior.scale_up.tolerance),
-        down=quantity_value(spec.behavior.scale_down.tolerance),
-    )
+    tolerance = Tolerance.of(spec.behavior)
     outcomes = tuple(evaluate(m, observation, tolerance) for m in spec.metrics)
     low, high = spec.min_replicas, spec.max_replicas
     step = _Step(spec, observation, status, outcomes)
@@ -189,7 +186,7 @@ class _Step:
         panic, now = self.spec.panic, self.observation.now
         if panic is None:
             return None
-        if raw >= quantity_value(panic.threshold) * self.observation.current_replicas:
+        if raw * MILLI >= quantity_milli(panic.threshold) * self.observation.current_replicas:
             return now + timedelta(seconds=panic.duration_seconds)
         previous = self.status.panic_until
         if previous is not None and parse_time(previous) > now:

@@ -2,7 +2,9 @@
 
 Each policy allows a change relative to the replica count at the start of its look-back
 period, which is reconstructed from the scale events kept in status: a pool cannot take
-two full steps in one period by asking twice.
+two full steps in one period by asking twice. Percentages are applied in integers with
+HPA's rounding (up when growing, towards zero when shrinking), so +9 % of 100 replicas
+allows 109 and -30 % of 90 allows 63, where floats allow 110 and 62.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from fractions import Fraction
 
 from genrm_operator.api.autoscaling import (
     MAX_SCALE_EVENTS,
@@ -20,6 +23,8 @@ from genrm_operator.api.autoscaling import (
     format_time,
     parse_time,
 )
+
+from .milli import ceil_div
 
 
 def limit(
@@ -60,9 +65,9 @@ def _allowed(
         if policy.type == "Pods":
             proposals.append(start + policy.value if up else start - policy.value)
         elif up:
-            proposals.append(math.ceil(start * (1 + policy.value / 100)))
+            proposals.append(ceil_div(start * (100 + policy.value), 100))
         else:
-            proposals.append(int(start * (1 - policy.value / 100)))
+            proposals.append(math.trunc(Fraction(start * (100 - policy.value), 100)))
     biggest_change = (max if up else min)(proposals)
     smallest_change = (min if up else max)(proposals)
     return biggest_change if rules.select_policy == "Max" else smallest_change
