@@ -1,12 +1,11 @@
 """Tests of ``genrm_operator.shell.scrape``: the autoscaler's metric sources.
 
-Aspects under test: exposition parsing (gauges summed over label sets, latency buckets summed
-over routes, absent engine series stay absent); Prometheus' histogram_quantile interpolation;
-latency from bucket deltas between scrapes (first scrape missing, counter reset missing);
-Direct scraping of a live gateway in front of a live simulator (in-flight requests while
-requests run, queue, KV cache, latency after the second scrape, staleness of a dead target);
-and the Prometheus source against a real Prometheus scraping that gateway (per-pod values by
-``pod`` label, one-number queries, ambiguous or failed queries are missing).
+Aspects under test: exposition parsing (every label set of a gauge kept, latency buckets summed
+over routes, absent engine series stay absent, series no metric reads dropped); Direct scraping
+of a live gateway in front of a live simulator (in-flight requests while requests run, queue,
+KV cache, latency after the second scrape, staleness of a dead target); and the Prometheus
+source against a real Prometheus scraping that gateway (per-pod values by ``pod`` label,
+pool-level and one-number queries, ambiguous or failed queries are missing).
 """
 
 from __future__ import annotations
@@ -26,16 +25,9 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from genrm_contract.sidecar import Series
 from genrm_operator.api.autoscaling import MetricSpec
-from genrm_operator.shell.scrape import (
-    DirectSource,
-    PrometheusSource,
-    Scrape,
-    delta,
-    histogram_quantile,
-    parse,
-    replica_values,
-)
+from genrm_operator.shell.scrape import DirectSource, PrometheusSource, parse, replica_values
 from genrm_sim.testing import free_port, launched, run_sim, wait_ready
 
 PROMETHEUS = "/usr/bin/prometheus"
@@ -50,11 +42,14 @@ PER_REPLICA = (metric("InFlight"), metric("Queue"), metric("KVCache"), metric("L
 
 EXPOSITION = """\
 # TYPE genrm_gateway_inflight_requests gauge
-genrm_gateway_inflight_requests 3.0
+genrm_gateway_inflight_requests{shard="a"} 1.0
+genrm_gateway_inflight_requests{shard="b"} 2.0
 # TYPE genrm_engine_running_requests gauge
 genrm_engine_running_requests 2.0
 # TYPE genrm_engine_queued_requests gauge
 genrm_engine_queued_requests 5.0
+# TYPE genrm_gateway_open_connections gauge
+genrm_gateway_open_connections 9.0
 # TYPE genrm_gateway_request_duration_seconds histogram
 genrm_gateway_request_duration_seconds_bucket{le="0.5",route="generate"} 1.0
 genrm_gateway_request_duration_seconds_bucket{le="1.0",route="generate"} 3.0
@@ -71,31 +66,14 @@ genrm_gateway_request_duration_seconds_sum{route="chat"} 0.1
 
 def test_parse_reads_the_autoscaler_series_and_sums_routes() -> None:
     scrape = parse(EXPOSITION)
-    assert scrape.gauges == {"genrm_gateway_inflight_requests": 3.0, "genrm_engine_running_requests": 2.0,
-                             "genrm_engine_queued_requests": 5.0}
-    assert scrape.buckets == ((0.5, 2.0), (1.0, 4.0), (math.inf, 5.0))
+    assert scrape.gauges == {"genrm_gateway_inflight_requests": (1.0, 2.0), "genrm_engine_running_requests": (2.0,),
+                             "genrm_engine_queued_requests": (5.0,)}
+    assert scrape.histograms == {Series.REQUEST_DURATION: ((0.5, 2.0), (1.0, 4.0), (math.inf, 5.0))}
 
 
 def test_absent_engine_series_are_missing_not_zero() -> None:
     values = replica_values(PER_REPLICA, parse(EXPOSITION), previous=None)
     assert values == {"InFlight": 3.0, "Queue": 7.0}  # no KV series; latency needs a previous scrape
-
-
-def test_histogram_quantile_interpolates_like_prometheus() -> None:
-    buckets = ((0.5, 2.0), (1.0, 4.0), (math.inf, 5.0))
-    assert histogram_quantile(0.2, buckets) == pytest.approx(0.25)  # rank 1 inside [0, 0.5]
-    assert histogram_quantile(0.6, buckets) == pytest.approx(0.75)  # rank 3 halfway through (0.5, 1]
-    assert histogram_quantile(0.99, buckets) == 1.0                # +Inf bucket: the last finite bound
-    assert histogram_quantile(0.5, ((0.5, 0.0), (math.inf, 0.0))) is None
-
-
-def test_latency_comes_from_the_requests_between_two_scrapes() -> None:
-    before = Scrape({}, ((0.5, 10.0), (1.0, 10.0), (math.inf, 10.0)))
-    after = Scrape({}, ((0.5, 10.0), (1.0, 14.0), (math.inf, 14.0)))
-    latency = metric("Latency", quantile="0.5")
-    assert replica_values([latency], after, before)["Latency"] == pytest.approx(0.75)
-    assert replica_values([latency], after, after) == {}        # no request finished: unknown, not 0
-    assert delta(before.buckets, after.buckets) is None          # counters went backwards: a restart
 
 
 @dataclass(frozen=True)
@@ -192,21 +170,24 @@ def prometheus(directory: Path, target: str) -> Iterator[str]:
 async def test_prometheus_source_against_a_real_prometheus(tmp_path: Path) -> None:
     assert shutil.which(PROMETHEUS), "needs Debian's prometheus package: run `make tools`"
     requests = 'sum(genrm_gateway_requests_total{route="/generate",code="200"})'
-    with gateway() as gw, prometheus(tmp_path, gw.url.removeprefix("http://")) as url:
+    with gateway() as gw, prometheus(tmp_path, gw.control.removeprefix("http://")) as url:
         for _ in range(5):
             generate(gw.url, 1)
         async with httpx.AsyncClient() as http:
-            source = PrometheusSource(http, url)
+            source = PrometheusSource(http, url, "ml")
             for _ in range(60):                              # the first scrape comes a few seconds in
                 if await source.value(requests) == 5.0:
                     break
                 await asyncio.sleep(0.5)
             assert await source.value(requests) == 5.0
-            values = await source.sample(PER_REPLICA[:3], "ml", ["judge-0", "judge-1"], interval=2.0)
+            values = await source.sample(PER_REPLICA[:3], dict.fromkeys(["judge-0", "judge-1"], ""), now=0.0,
+                                         interval=2.0)
             assert values["judge-0"]["InFlight"] == 0.0
             assert values["judge-0"]["Queue"] == 0.0
             assert set(values["judge-0"]) == {"InFlight", "Queue", "KVCache"}
             assert values["judge-1"] == {}                   # no series: missing for the control law
+            pool = metric("Prometheus", query=requests)
+            assert await source.pool_values([pool], interval=2.0) == {"Prometheus": 5.0}
             assert await source.value("genrm_gateway_drain_state") is None   # one sample per state: ambiguous
             assert await source.value("sum(rate(") is None                  # a bad query is a failed metric
-            assert await PrometheusSource(http, f"http://127.0.0.1:{free_port()}").value("1") is None
+            assert await PrometheusSource(http, f"http://127.0.0.1:{free_port()}", "ml").value("1") is None

@@ -41,11 +41,8 @@ TargetType = Literal["AverageValue", "Value"]
 PolicyType = Literal["Pods", "Percent"]
 SelectPolicy = Literal["Max", "Min", "Disabled"]
 FallbackPolicy = Literal["Hold", "Static", "CurrentIfHigher"]
-MetricSource = Literal["Direct", "Prometheus"]
+SourceType = Literal["Direct", "Prometheus"]
 DecisionResult = Literal["ScaleUp", "ScaleDown", "NoChange"]
-
-PER_REPLICA_METRICS: frozenset[str] = frozenset({"InFlight", "Queue", "KVCache", "Latency"})
-"""Metric types read from every replica's sidecar (the rest are one number per pool)."""
 
 MAX_METRICS = 8
 MAX_RECOMMENDATIONS = 128
@@ -353,7 +350,7 @@ class AutoscalingSpec(ApiModel):
     during a burst, which the 600 s scale-down window already does."""
     fallback: FallbackSpec = Field(default_factory=FallbackSpec)
     """What to do when the metrics cannot be read."""
-    source: MetricSource = "Direct"
+    source: SourceType = "Direct"
     """Direct: scrape every replica's sidecar /metrics. Prometheus: query prometheusUrl instead."""
     prometheus_url: str | None = Field(None, pattern=r"^https?://", max_length=2048)
     """Base URL of the Prometheus HTTP API, for source Prometheus and Prometheus metrics."""

@@ -9,6 +9,8 @@ configured like an HPA decides like one, in the same integer milli-units (:mod:`
   capacity on the way covers demand before any new replica is asked for;
 * KVCache is a saturation guard, not a driver (see :func:`_kv_guard`);
 * Prometheus metrics are HPA "External" metrics with Value or AverageValue semantics.
+
+Which of the three a metric type is comes from its row in :data:`.signals.SIGNALS`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from genrm_operator.api.autoscaling import Behavior, MetricSpec
 
 from .milli import MILLI, ceil_div, quantity_milli, sample_milli
 from .observation import Observation, ReplicaState
+from .signals import SIGNALS
 
 
 @dataclass(frozen=True)
@@ -62,14 +65,14 @@ class MetricOutcome:
 def evaluate(metric: MetricSpec, observation: Observation, tolerance: Tolerance) -> MetricOutcome:
     """The proposal of ``metric`` for this observation."""
     target = quantity_milli(metric.target.quantity)
-    if metric.type == "Prometheus":
+    if not SIGNALS[metric.type].per_replica:
         return _pool_metric(metric, observation, target, tolerance)
     serving = [r for r in observation.replicas if r.state is ReplicaState.SERVING]
     sampled = [sample_milli(r.values[metric.key]) for r in serving if metric.key in r.values]
     if not sampled:
         return MetricOutcome(metric.key, target / MILLI, None, None, failed=bool(serving))
     missing = len(serving) - len(sampled)
-    if metric.type == "KVCache":
+    if SIGNALS[metric.type].guard:
         replicas = _kv_guard(sampled, missing, target, observation.current_replicas)
     else:
         replicas = _demand(sampled, missing, observation, target, tolerance)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from genrm_operator.api.autoscaling import AutoscalingSpec
 
 from .metrics import MetricOutcome
+from .signals import SIGNALS
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ def recommend(
     spec: AutoscalingSpec, outcomes: Sequence[MetricOutcome], current: int, previous_failures: int
 ) -> Recommendation:
     """Combine ``outcomes`` (aligned with ``spec.metrics``) for a pool of ``current`` replicas."""
-    drivers = [o for o, m in zip(outcomes, spec.metrics, strict=True) if m.type != "KVCache"]
+    drivers = [o for o, m in zip(outcomes, spec.metrics, strict=True) if not SIGNALS[m.type].guard]
     proposals = [o.replicas for o in outcomes if o.replicas is not None]
     driver_blind = all(o.replicas is None for o in drivers)
     drivers_failed = driver_blind and any(o.failed for o in drivers)

@@ -13,29 +13,9 @@ through the scale subresource (as HPA does, so ``kubectl scale``, an HPA or KEDA
 remain interoperable), post a ``SuccessfulRescale`` Event and update the
 ``genrm_autoscaler_*`` metrics.
 
-Precedence with other writers of ``spec.replicas`` (the autoscaler never fights)
--------------------------------------------------------------------------------
-In mode Auto the autoscaler expects ``spec.replicas`` to equal the last count it
-decided (``status.autoscaler.desiredReplicas``). Any other value was written by
-someone else (``kubectl scale``, an HPA, KEDA, a GitOps sync), unless it is the
-count the autoscaler's own last applied change started from: then that write was
-lost (crash or error between the status PUT and the scale write) and the next
-decision simply repeats it. On an external write:
-
-* the last writer wins: the external value becomes the autoscaler's current count;
-* it enters the recommendation history as if the autoscaler had recommended it,
-  so the stabilization windows protect it: an external scale-up is kept for the
-  scale-down window (600 s by default) and an external scale-down for the
-  scale-up window, unless the load needs more (or less) than that; the bounds
-  (min/maxReplicas) still apply at once;
-* condition ``AutoscalerOverridden`` turns True (reason ``ExternalWrite``), with a
-  Warning Event, and stays True until the autoscaler next changes the count
-  itself.
-
-Two controllers that keep writing (say an HPA left on the same pool) therefore
-show up as a standing ``AutoscalerOverridden=True`` and Events, and the
-autoscaler only moves the pool when its own windows say so, instead of the
-two of them flipping it every interval (KEDA #5288, kubeai #67).
+Another writer of ``spec.replicas`` (``kubectl scale``, an HPA, KEDA, a GitOps sync) is
+adopted, never fought: the pure rule is :mod:`genrm_operator.autoscaling.override`; this
+shell sets condition ``AutoscalerOverridden`` and posts the Warning Event it calls for.
 """
 
 from __future__ import annotations
@@ -45,21 +25,23 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import httpx
+from genrm_contract.sidecar import METRICS_PATH
 
-from ..api.autoscaling import PER_REPLICA_METRICS, AutoscalerStatus, AutoscalingSpec
+from ..api.autoscaling import AutoscalerStatus, AutoscalingSpec
 from ..api.pool import GenRMPoolStatus
 from ..api.status import Condition
 from ..autoscaling import Decision, Observation, ReplicaSample, ReplicaState, decide
-from ..autoscaling.stabilize import remember
+from ..autoscaling.override import adopt, external_write
+from ..autoscaling.signals import SIGNALS
 from ..core.classify import Replica, Role, classify
 from ..core.conditions import Status, find, set_condition
 from ..core.model import Event, Observed
 from . import metrics
 from .kube import Conflict, Kube
-from .scrape import DirectSource, PrometheusSource
+from .scrape import DirectSource, MetricSource, PrometheusSource
 from .sidecar import Endpoint
 
 log = logging.getLogger(__name__)
@@ -87,27 +69,6 @@ class Turn:
         if self.autoscaler is not None:
             update["autoscaler"] = self.autoscaler
         return status.model_copy(update=update)
-
-
-def external_write(spec: AutoscalingSpec, replicas: int, status: AutoscalerStatus | None) -> bool:
-    """True when ``replicas`` (spec.replicas) was written by someone else (see the module docstring)."""
-    if spec.mode != "Auto" or status is None or status.desired_replicas in (None, replicas):
-        return False
-    last = status.decisions[-1] if status.decisions else None
-    lost_own_write = (last is not None and last.applied and last.desired_replicas == status.desired_replicas
-                      and last.current_replicas == replicas)
-    return not lost_own_write
-
-
-def adopt(spec: AutoscalingSpec, status: AutoscalerStatus, replicas: int, now: datetime) -> AutoscalerStatus:
-    """``status`` with an external count recorded as a recommendation, so the windows protect it."""
-    behavior = spec.behavior
-    longest = timedelta(seconds=max(behavior.scale_up.stabilization_window_seconds,
-                                    behavior.scale_down.stabilization_window_seconds))
-    return status.model_copy(update={
-        "recommendations": remember(status.recommendations, replicas, now, longest),
-        "desired_replicas": replicas,
-    })
 
 
 def replicas_of(observed: Observed) -> list[Replica]:
@@ -204,19 +165,14 @@ class PoolAutoscaler:
             self._http = httpx.AsyncClient()
             self._direct = DirectSource(self._http)
         assert self._direct is not None
-        per_replica = [m for m in scaling.metrics if m.type in PER_REPLICA_METRICS]
-        prometheus = PrometheusSource(self._http, scaling.prometheus_url) if scaling.prometheus_url else None
-        values: dict[str, dict[str, float]] = {}
-        if per_replica and scaling.source == "Prometheus" and prometheus is not None:
-            values = await prometheus.sample(per_replica, self.namespace, serving, interval)
-        elif per_replica:
-            targets = {n: f"{endpoints[n].control}/metrics" for n in serving if n in endpoints}
-            values = await self._direct.sample(per_replica, targets, time.monotonic(), interval)
-        pool_values: dict[str, float] = {}
-        for metric in scaling.metrics:
-            if metric.type == "Prometheus" and prometheus is not None and metric.query:
-                if (value := await prometheus.value(metric.query)) is not None:
-                    pool_values[metric.key] = value
+        prometheus = (PrometheusSource(self._http, scaling.prometheus_url, self.namespace)
+                      if scaling.prometheus_url else None)
+        source: MetricSource = prometheus if scaling.source == "Prometheus" and prometheus else self._direct
+        per_replica = [m for m in scaling.metrics if SIGNALS[m.type].per_replica]
+        pool = [m for m in scaling.metrics if not SIGNALS[m.type].per_replica]
+        targets = {n: endpoints[n].control + METRICS_PATH for n in serving if n in endpoints}
+        values = await source.sample(per_replica, targets, time.monotonic(), interval) if per_replica else {}
+        pool_values = await prometheus.pool_values(pool, interval) if prometheus is not None and pool else {}
         return values, pool_values
 
     def committed(self, turn: Turn) -> None:

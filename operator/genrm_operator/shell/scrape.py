@@ -1,5 +1,10 @@
 """Metric sources of the autoscaler: each replica's sidecar ``/metrics``, or a Prometheus server.
 
+Both implement :class:`MetricSource`, the one interface the autoscaler samples through
+(HPA's ``MetricsClient`` in ``metrics/interfaces.go``), and both read what the pure table
+:data:`~genrm_operator.autoscaling.signals.SIGNALS` says a metric type means; this
+module only moves bytes.
+
 Direct (the default) scrapes every serving replica's gateway sidecar at
 ``http://<podIP>:<gateway control port>/metrics`` once per decision, like AIBrix and
 Knative do, so a decision sees numbers one interval old instead of the
@@ -26,102 +31,58 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..api.autoscaling import MetricSpec, quantity_value
+from ..api.autoscaling import MetricSpec
+from ..autoscaling.histogram import Buckets
+from ..autoscaling.signals import SERIES, SIGNALS, Scrape
 
 log = logging.getLogger(__name__)
 STALE_INTERVALS = 3
 """A sample older than this many intervals is missing, not merely late."""
 SCRAPE_CONCURRENCY = 16
-INFLIGHT = "genrm_gateway_inflight_requests"
-RUNNING = "genrm_engine_running_requests"
-QUEUED = "genrm_engine_queued_requests"
-KV_CACHE = "genrm_engine_kv_cache_usage_ratio"
-DURATION = "genrm_gateway_request_duration_seconds"
-Buckets = tuple[tuple[float, float], ...]
-"""A cumulative histogram: (upper bound, count) pairs sorted by bound, ending with +Inf."""
 
 
-@dataclass(frozen=True)
-class Scrape:
-    """One replica's ``/metrics`` at one moment: gauges summed over label sets, latency buckets summed over routes."""
+class MetricSource(Protocol):
+    """Where per-replica metric values come from (HPA's ``MetricsClient.GetRawMetric``)."""
 
-    gauges: Mapping[str, float]
-    buckets: Buckets
+    async def sample(self, metrics: Sequence[MetricSpec], targets: Mapping[str, str], now: float,
+                     interval: float) -> dict[str, dict[str, float]]:
+        """Values of the per-replica ``metrics`` by replica, then by ``MetricSpec.key``.
+
+        ``targets`` maps each replica to sample (by pod name) to its sidecar's ``/metrics`` URL;
+        ``now`` is a monotonic clock and ``interval`` the decision interval, both in seconds. A
+        value nobody could read is left out, so the control law sees it as missing.
+        """
+        ...
 
 
 def parse(text: str) -> Scrape:
-    """The series the autoscaler reads from a sidecar's exposition text."""
-    gauges: dict[str, float] = {}
-    bounds: dict[float, float] = {}
+    """The series the autoscaler reads from a sidecar's exposition text (histograms summed over routes)."""
+    gauges: dict[str, tuple[float, ...]] = {}
+    histograms: dict[str, Buckets] = {}
     for family in text_string_to_metric_families(text):
-        if family.name in (INFLIGHT, RUNNING, QUEUED, KV_CACHE):
+        if family.name not in SERIES:
+            continue
+        if family.type == "histogram":
+            bounds: dict[float, float] = {}
             for sample in family.samples:
-                gauges[family.name] = gauges.get(family.name, 0.0) + sample.value
-        elif family.name == DURATION:
-            for sample in family.samples:
-                if sample.name == f"{DURATION}_bucket":
+                if sample.name == f"{family.name}_bucket":
                     le = float(sample.labels["le"])
                     bounds[le] = bounds.get(le, 0.0) + sample.value
-    return Scrape(gauges, tuple(sorted(bounds.items())))
-
-
-def histogram_quantile(q: float, buckets: Buckets) -> float | None:
-    """Prometheus' ``histogram_quantile``: linear interpolation inside the bucket holding rank q.
-
-    None when the histogram is empty (no request finished: the latency is unknown, not 0).
-    """
-    if not buckets or buckets[-1][1] <= 0:
-        return None
-    rank = q * buckets[-1][1]
-    lower, below = 0.0, 0.0
-    for bound, count in buckets:
-        if count >= rank:
-            if math.isinf(bound):
-                return lower
-            if count == below:
-                return bound
-            return lower + (bound - lower) * (rank - below) / (count - below)
-        lower, below = bound, count
-    return lower
-
-
-def delta(now: Buckets, before: Buckets) -> Buckets | None:
-    """Requests observed between two scrapes; None when the counters went backwards (a restart).
-
-    A bound absent before counts as 0: a route's histogram appears with its first request.
-    """
-    previous = dict(before)
-    out = tuple((bound, count - previous.get(bound, 0.0)) for bound, count in now)
-    return None if any(count < 0 for _, count in out) else out
+            histograms[family.name] = tuple(sorted(bounds.items()))
+        elif family.samples:
+            gauges[family.name] = tuple(sample.value for sample in family.samples)
+    return Scrape(gauges, histograms)
 
 
 def replica_values(metrics: Sequence[MetricSpec], scrape: Scrape, previous: Scrape | None) -> dict[str, float]:
-    """Per-replica metric values from a scrape (and the one before, for latency rates).
-
-    A metric whose series is absent is left out, so it counts as missing. Latency needs two
-    scrapes: the histogram is cumulative over the replica's life, and only the requests
-    since the previous scrape say anything about now.
-    """
-    values: dict[str, float] = {}
-    g = scrape.gauges
-    for metric in metrics:
-        value: float | None = None
-        if metric.type == "InFlight":
-            value = g.get(INFLIGHT)
-        elif metric.type == "Queue" and RUNNING in g and QUEUED in g:
-            value = g[RUNNING] + g[QUEUED]
-        elif metric.type == "KVCache":
-            value = g.get(KV_CACHE)
-        elif metric.type == "Latency" and metric.quantile and previous is not None:
-            window = delta(scrape.buckets, previous.buckets)
-            value = histogram_quantile(quantity_value(metric.quantile), window) if window else None
-        if value is not None:
-            values[metric.key] = value
-    return values
+    """One replica's values from a scrape (and the one before, for latency); missing ones left out."""
+    values = {m.key: SIGNALS[m.type].value(m, scrape, previous) for m in metrics}
+    return {key: value for key, value in values.items() if value is not None}
 
 
 @dataclass
@@ -143,7 +104,7 @@ class DirectSource:
 
     async def sample(self, metrics: Sequence[MetricSpec], targets: Mapping[str, str], now: float,
                      interval: float) -> dict[str, dict[str, float]]:
-        """Values by replica for ``targets`` (replica name -> ``/metrics`` URL), fresh or within staleness.
+        """Values by replica for ``targets``, fresh or within staleness (see :class:`MetricSource`).
 
         Replicas no longer targeted are forgotten, so a recreated pod of the same name never
         has its latency computed against its predecessor's histogram.
@@ -173,10 +134,10 @@ class DirectSource:
 
 
 class PrometheusSource:
-    """Instant queries against a Prometheus server's HTTP API."""
+    """Instant queries against a Prometheus server's HTTP API, for the pods of one namespace."""
 
-    def __init__(self, http: httpx.AsyncClient, url: str, timeout: float = 2.0) -> None:
-        self._http, self._url, self._timeout = http, url.rstrip("/"), timeout
+    def __init__(self, http: httpx.AsyncClient, url: str, namespace: str, timeout: float = 2.0) -> None:
+        self._http, self._url, self._namespace, self._timeout = http, url.rstrip("/"), namespace, timeout
 
     async def query(self, promql: str) -> list[tuple[dict[str, str], float]] | None:
         """The instant vector (or scalar, as one unlabelled sample) of ``promql``; None on any failure."""
@@ -198,38 +159,32 @@ class PrometheusSource:
             return None
 
     async def value(self, promql: str) -> float | None:
-        """The single number a ``Prometheus`` metric's query must return; None if it returns anything else."""
+        """The single finite number a query must return; None if it returns anything else."""
         result = await self.query(promql)
-        if result is None or len(result) != 1 or math.isnan(result[0][1]):
+        if result is None or len(result) != 1 or not math.isfinite(result[0][1]):
             return None
         return result[0][1]
 
-    async def sample(self, metrics: Sequence[MetricSpec], namespace: str, pods: Sequence[str],
+    async def pool_values(self, metrics: Sequence[MetricSpec], interval: float) -> dict[str, float]:
+        """The pool-level ``metrics``' values (HPA's ``GetExternalMetric``); failed queries left out."""
+        queries = [SIGNALS[m.type].promql(m, "", interval) for m in metrics]
+        values = await asyncio.gather(*(self.value(q) for q in queries))
+        return {m.key: v for m, v in zip(metrics, values, strict=True) if v is not None}
+
+    async def sample(self, metrics: Sequence[MetricSpec], targets: Mapping[str, str], now: float,
                      interval: float) -> dict[str, dict[str, float]]:
-        """Per-replica values of ``pods`` from Prometheus, one query per metric."""
-        out: dict[str, dict[str, float]] = {pod: {} for pod in pods}
-        if not pods:
+        """Per-replica values of the ``targets``' pods, one query per metric (see :class:`MetricSource`)."""
+        out: dict[str, dict[str, float]] = {pod: {} for pod in targets}
+        if not targets:
             return out
         # Pod names are DNS-1123 names: "." is their only regex metacharacter, escaped once for the
         # regex and once for the PromQL string (re.escape would also escape "-", which PromQL rejects).
-        names = "|".join(p.replace(".", "\\\\.") for p in pods)
-        selector = f'namespace="{namespace}",pod=~"{names}"'
-        results = await asyncio.gather(*(self.query(per_pod_query(m, selector, interval)) for m in metrics))
+        names = "|".join(p.replace(".", "\\\\.") for p in targets)
+        selector = f'namespace="{self._namespace}",pod=~"{names}"'
+        queries = [SIGNALS[m.type].promql(m, selector, interval) for m in metrics]
+        results = await asyncio.gather(*(self.query(q) for q in queries))
         for metric, result in zip(metrics, results, strict=True):
             for labels, value in result or ():
-                if labels.get("pod") in out and not math.isnan(value):
+                if labels.get("pod") in out and math.isfinite(value):
                     out[labels["pod"]][metric.key] = value
         return out
-
-
-def per_pod_query(metric: MetricSpec, selector: str, interval: float) -> str:
-    """PromQL giving ``metric`` per pod; latency over a window of several scrapes (rate needs two)."""
-    if metric.type == "InFlight":
-        return f"sum by (pod) ({INFLIGHT}{{{selector}}})"
-    if metric.type == "Queue":
-        return f"sum by (pod) ({RUNNING}{{{selector}}}) + sum by (pod) ({QUEUED}{{{selector}}})"
-    if metric.type == "KVCache":
-        return f"max by (pod) ({KV_CACHE}{{{selector}}})"
-    window = max(30, math.ceil(4 * interval))
-    return (f"histogram_quantile({quantity_value(metric.quantile or '0.5')}, sum by (pod, le) "
-            f"(rate({DURATION}_bucket{{{selector}}}[{window}s])))")
