@@ -27,7 +27,7 @@ class ReplicaState(StrEnum):
 class ReplicaSample:
     """One replica's fresh metric values.
 
-    ``values`` maps a metric's key (``MetricSpec.key``) to the value scraped this interval.
+    ``values`` maps a metric's key (``MetricSpec.key``) to the (finite) value scraped this interval.
     A key that is absent means no fresh sample (scrape failed, timed out or is older than
     the shell's staleness bound): the control law then applies HPA's missing-pod rules.
     Replicas that are draining or terminating are not capacity and must not be passed.
@@ -45,8 +45,8 @@ class Observation:
     ``current_replicas`` is the scale target's ``spec.replicas`` (what the pool is meant to
     have, so replicas not created yet count as on the way); ``replicas`` the pods that exist;
     ``unschedulable`` how many of those the scheduler reported as Unschedulable;
-    ``pool_values`` the value of each pool-level (Prometheus) metric, absent when the query
-    failed or returned nothing.
+    ``pool_values`` the (finite) value of each pool-level (Prometheus) metric, absent when the
+    query failed or returned nothing.
     """
 
     now: datetime
