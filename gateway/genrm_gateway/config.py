@@ -53,6 +53,8 @@ class Limits:
                                                "and leaves in-flight at once")
     max_body_bytes: int = _limit(sidecar.MAX_BODY_BYTES, "larger request bodies get 413")
     max_json_depth: int = _limit(32, "JSON bodies nesting deeper than this get 400")
+    max_json_containers: int = _limit(10_000, "JSON bodies with more arrays and objects than this get 400")
+    max_batch_size: int = _limit(4096, "batched requests with more prompts (or request ids) than this get 400")
     max_connections: int = _limit(4096, "open traffic connections beyond this get 503 and are closed")
     write_timeout_seconds: float = _limit(30.0, "a client that reads nothing of its response this long is cut "
                                                 "and its engine request aborted")

@@ -24,8 +24,10 @@ from typing import Any
 
 import httptools
 from genrm_contract.sidecar import DrainState
+from starlette.types import Message, Scope, Send
+from uvicorn._types import ASGI3Application
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
 from genrm_gateway.config import Limits
@@ -56,6 +58,8 @@ class _Transport:
         self.lingering = False
 
     def write(self, data: bytes) -> None:
+        if self.is_closing():  # a pipelined response still being written after a refusal or a cut
+            return
         held = self._held
         if held is not None:
             self._held = None
@@ -90,6 +94,30 @@ class _Transport:
 # The scope extension through which the app can abort its connection (a client that stopped
 # reading: closing would wait for ever to flush what is buffered for it).
 ABORT_EXTENSION = "genrm.abort"
+
+
+class ClientStalled(Exception):
+    """The client read nothing of its response for the write timeout; its connection was aborted."""
+
+
+def timed_send(send: Send, scope: Scope, seconds: float, stalled: Callable[[], None]) -> Send:
+    """``send`` with a write timeout: a client that stops reading is cut, not waited for.
+
+    uvicorn's ``send`` waits while the socket's buffer is full. Every answer on the traffic port
+    goes through this, refusals included, so no client can hold a request (and a drain) open by
+    not reading: past the timeout the connection is aborted, dropping what is buffered for it.
+    """
+
+    async def timed(message: Message) -> None:
+        try:
+            async with asyncio.timeout(seconds):
+                await send(message)
+        except TimeoutError:
+            stalled()
+            scope["extensions"][ABORT_EXTENSION]()
+            raise ClientStalled from None
+
+    return timed
 
 
 class _HeadRefused(Exception):
@@ -154,6 +182,8 @@ class GatewayProtocol(HttpToolsProtocol):
         self._head_size = 0  # request line and fields as parsed (complete heads)
         self._head_timer: asyncio.TimerHandle | None = None
         self._refusal: tuple[int, str, str] | None = None
+        self._deferred: bytes | None = None  # a refusal waiting for earlier pipelined answers
+        self._running: RequestResponseCycle | None = None  # the request the app is answering
         # A new connection counts as busy: its client opened it to send a request right away,
         # which a close would race. It turns idle only after a response (else the head timeout).
         self._idle_since: float | None = None
@@ -171,19 +201,25 @@ class GatewayProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
         self.registry.discard(self)
+        running = self._running
+        if running is not None and running is not self.cycle and not running.response_complete:
+            running.disconnected = True  # uvicorn only tells the last parsed request; a pipelined
+            running.message_event.set()  # one still being answered must learn it too
         super().connection_lost(exc)
 
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
+        self._running = cycle
+        super()._start_asgi_task(cycle, app)
+
     def data_received(self, data: bytes) -> None:
-        if self.transport.is_closing():  # lingering: what still arrives is discarded
+        if self.transport.is_closing() or self._deferred is not None:  # lingering or refused: discarded
             return
         if self._reading_head:
             self._head_bytes += len(data)
         self._unset_keepalive_if_required()
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._refuse(400, "badRequest", "protocol upgrades are not supported")
-        except httptools.HttpParserError as exc:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             code, reason, message = self._refusal or (400, "badRequest", f"invalid HTTP request: {exc}")
             self._refuse(code, reason, message)
         else:
@@ -217,6 +253,9 @@ class GatewayProtocol(HttpToolsProtocol):
         self._reading_head = False
         self._head_bytes = 0
         self._cancel_head_timer()
+        if self.parser.should_upgrade():  # refused before the app ever sees the request
+            self._refusal = (400, "badRequest", "protocol upgrades are not supported")
+            raise _HeadRefused
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
@@ -227,6 +266,9 @@ class GatewayProtocol(HttpToolsProtocol):
         super().on_response_complete()
         if self.cycle is None or self.cycle.response_complete:
             self._idle_since = time.monotonic()
+            if self._deferred is not None and not self.transport.is_closing():
+                self.transport.write(self._deferred)
+                self.transport.close()
 
     def retire(self, now: float, idle_for: float) -> None:
         """Close after the current response, or now if idle for ``idle_for`` seconds or more."""
@@ -240,13 +282,19 @@ class GatewayProtocol(HttpToolsProtocol):
         """Answer the request being parsed, then close: the stream cannot be trusted after it.
 
         When the app already holds this request (a body that turned out malformed), it is told
-        the client is gone, so it sends nothing and releases its admission.
+        the client is gone, so it sends nothing and releases its admission. When the bad bytes
+        come after whole requests that are still being answered (pipelining), those answers go
+        out first, and the refusal after them.
         """
         self._cancel_head_timer()
         self.registry.refused(reason)
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self._deferred is not None:
             return
         cycle = self.cycle
+        if cycle is not None and not cycle.response_complete and not cycle.more_body:
+            self._deferred = refusal_response(code, reason, message)
+            self.flow.pause_reading()
+            return
         if cycle is None or cycle.response_complete or not cycle.response_started:
             self.transport.write(refusal_response(code, reason, message))
         if cycle is not None and not cycle.response_complete:

@@ -14,21 +14,17 @@ header or a second request, nor collide with (or abort) another client's request
 from __future__ import annotations
 
 import asyncio
-import itertools
-import json
-import os
-import re
 import time
-from collections.abc import Callable
 
 import h11
 from genrm_contract.sidecar import DRAINING_HEADER as DRAINING
 from genrm_contract.sidecar import DrainState, Reason
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from genrm_gateway.admission import Admission
+from genrm_gateway.body import RequestIds, correlation_id, engine_body
 from genrm_gateway.config import Limits
-from genrm_gateway.connection import ABORT_EXTENSION
+from genrm_gateway.connection import ClientStalled
 from genrm_gateway.drain import DrainController
 from genrm_gateway.engine import EngineMonitor
 from genrm_gateway.errors import CLOSE_HEADER, REASON_HEADER, Refusal, error_body
@@ -48,8 +44,6 @@ FORWARDED_HEADERS = frozenset({b"content-type", b"accept", b"authorization"})
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade",
                          b"proxy-connection", b"content-length", b"trailer", b"date", b"server",
                          REQUEST_ID_HEADER})
-# A client's request id: printable, header-safe and short (UUIDs, ULIDs, hex, "job-7/step-3").
-CORRELATION_ID = re.compile(rb"[A-Za-z0-9._:/+=@-]{1,128}")
 
 
 async def send_error(send: Send, code: int, reason: str, message: str,
@@ -59,73 +53,6 @@ async def send_error(send: Send, code: int, reason: str, message: str,
                (REASON_HEADER, reason.encode()), *extra]
     await send({"type": "http.response.start", "status": code, "headers": headers})
     await send({"type": "http.response.body", "body": body})
-
-
-class RequestIds:
-    """Engine request ids: unique per gateway process and never chosen by a client.
-
-    A random prefix per process and a counter: cheap, and unique across restarts of the sidecar
-    while the engine (which rejects a duplicate rid) keeps running.
-    """
-
-    def __init__(self) -> None:
-        self._prefix = "gw" + os.urandom(6).hex() + "-"
-        self._counter = itertools.count(1)
-
-    def mint(self) -> str:
-        return f"{self._prefix}{next(self._counter):x}"
-
-
-def correlation_id(value: object) -> bytes:
-    """A client-supplied id as a header-safe value, or a 400."""
-    raw = value.encode("utf-8", "replace") if isinstance(value, str) else value
-    if not isinstance(raw, bytes) or CORRELATION_ID.fullmatch(raw) is None:
-        raise Refusal(400, "invalidRequestId", "a request id must be 1-128 characters of A-Z a-z 0-9 . _ : / + = @ -")
-    return raw
-
-
-def exceeds_depth(value: object, limit: int) -> bool:
-    """Whether JSON containers nest deeper than ``limit`` (iterative: no recursion to exhaust)."""
-    stack: list[tuple[object, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is None:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
-    return False
-
-
-def engine_body(body: bytes, limits: Limits, mint: Callable[[], str]) -> tuple[bytes, list[str], bytes | None]:
-    """The body the engine gets: the client's JSON object with the gateway's ``rid``.
-
-    Returns the new body, the engine rids to abort if the client leaves, and the client's own
-    ``rid`` (a correlation value) when it sent a single one.
-    """
-    try:
-        payload = json.loads(body)
-    except (ValueError, RecursionError):
-        raise Refusal(400, "invalidJson", "the body is not valid JSON") from None
-    if not isinstance(payload, dict):
-        raise Refusal(400, "invalidJson", "the body must be a JSON object")
-    if exceeds_depth(payload, limits.max_json_depth):
-        raise Refusal(400, "jsonTooDeep", f"the JSON nests deeper than {limits.max_json_depth} levels")
-    client_rid = payload.get("rid")
-    engine_rid = mint()
-    given: bytes | None = None
-    if client_rid is None or isinstance(client_rid, str):
-        given = None if client_rid is None else correlation_id(client_rid)
-        payload["rid"] = engine_rid
-        rids = [engine_rid]
-    elif isinstance(client_rid, list) and client_rid:  # a batch: one id per element, as SGLang requires
-        for item in client_rid:
-            correlation_id(item)
-        rids = payload["rid"] = [f"{engine_rid}.{i}" for i in range(len(client_rid))]
-    else:
-        raise Refusal(400, "invalidRequestId", "rid must be a string or a non-empty list of strings")
-    return json.dumps(payload, separators=(",", ":")).encode(), rids, given
 
 
 class _DisconnectWatcher:
@@ -222,33 +149,30 @@ class Proxy:
     async def _exchange(self, route: ProxiedRoute, scope: Scope, receive: Receive, send: Send) -> int:
         """Forward one admitted request; returns the status code for the metrics."""
         forwarded, given, _ = self._forwarded(scope)
-        rids: list[str] = []
+        abort_rid: str | None = None
         if route.has_body:
-            body, rids, body_rid = engine_body(await self._read_body(receive), self._limits, self._ids.mint)
-            given = given or body_rid
+            body, abort_rid, request_id = engine_body(await self._read_body(receive), self._limits, self._ids)
+            request_id = given or request_id
         else:
-            body = b""
+            body, request_id = b"", given or self._ids.mint().encode()
         try:
             data = self._pool.serialize(route.method, route.name, body, forwarded)
         except h11.LocalProtocolError:
             raise Refusal(400, "invalidHeader", "a header value is not allowed by RFC 9110") from None
-        request_id = given or (rids[0].encode() if rids else self._ids.mint().encode())
         exchange = Exchange(self._limits.stream_buffer_bytes)
         watcher = _DisconnectWatcher(receive, exchange)
         try:
             await self._pool.send(exchange, data)
             await self._respond(exchange, scope, send, request_id)
             return exchange.status
-        except (ClientGone, TimeoutError):
+        except (ClientGone, ClientStalled):
             exchange.discard()
-            await self._abort(rids)
+            await self._abort(abort_rid)
             return CLIENT_CLOSED
         except EngineUnavailable as exc:
-            exchange.discard()
             self._engine.mark_down()
             raise Refusal(503, exc.reason, f"{exc}; retry on another replica", (RETRY_AFTER,), close=True) from exc
         except EngineError as exc:
-            exchange.discard()
             self._engine.recheck()
             if exchange.answered:
                 # Headers already went out: cutting the stream is the only honest signal left.
@@ -256,6 +180,7 @@ class Proxy:
             raise Refusal(502, exc.reason, str(exc)) from exc
         finally:
             watcher.stop()
+            exchange.discard()  # a response not read to its end leaves its engine connection unusable
 
     async def _read_body(self, receive: Receive) -> bytes:
         """The whole body within the body timeout, refused as soon as it passes the size limit."""
@@ -284,37 +209,38 @@ class Proxy:
         headers.append((REQUEST_ID_HEADER, request_id))
         if self._drain.state is not DrainState.SERVING:
             headers += (DRAINING_HEADER, CLOSE_HEADER)
-        if not exchange.streamed:
-            body = await exchange.read()
-            headers.append((b"content-length", str(len(body)).encode()))
-            await self._send(scope, send, {"type": "http.response.start", "status": exchange.status,
-                                           "headers": headers})
-            await self._send(scope, send, {"type": "http.response.body", "body": body})
+        if exchange.streamed and scope["http_version"] != "1.0":
+            await send({"type": "http.response.start", "status": exchange.status, "headers": headers})
+            async for chunk in exchange.chunks():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
             return
-        await self._send(scope, send, {"type": "http.response.start", "status": exchange.status, "headers": headers})
+        body = await self._whole_body(exchange)
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": exchange.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _whole_body(self, exchange: Exchange) -> bytes:
+        """The response body in one piece; a stream only for an HTTP/1.0 client (no chunked
+        encoding there), so bounded by the stream buffer."""
+        if not exchange.streamed:
+            return await exchange.read()
+        parts: list[bytes] = []
+        size = 0
         async for chunk in exchange.chunks():
-            await self._send(scope, send, {"type": "http.response.body", "body": chunk, "more_body": True})
-        await self._send(scope, send, {"type": "http.response.body", "body": b""})
+            size += len(chunk)
+            if size > self._limits.stream_buffer_bytes:
+                raise Refusal(502, "streamTooLarge", "the streamed answer is too large for an HTTP/1.0 client; "
+                                                     "use HTTP/1.1")
+            parts.append(chunk)
+        return b"".join(parts)
 
-    async def _send(self, scope: Scope, send: Send, message: Message) -> None:
-        """``send`` with the write timeout: a client that stops reading is cut, not waited for.
-
-        uvicorn's ``send`` waits while the socket's buffer is full; past the timeout the
-        connection is aborted (dropping what is buffered for it) and TimeoutError propagates
-        so the engine request is aborted too.
-        """
+    async def _abort(self, rid: str | None) -> None:
+        """Stop the engine's work for a client that left; the count drops only after this. A batch
+        (no single rid) is aborted by the engine itself when its connection closes."""
+        if rid is None:
+            return
         try:
-            async with asyncio.timeout(self._limits.write_timeout_seconds):
-                await send(message)
-        except TimeoutError:
-            self._metrics.refused("writeTimeout")
-            scope["extensions"][ABORT_EXTENSION]()
-            raise
-
-    async def _abort(self, rids: list[str]) -> None:
-        """Stop the engine's work for a client that left; the count drops only after this."""
-        for rid in rids:
-            try:
-                await self._pool.request("POST", "/abort_request", {"rid": rid}, limit_seconds=2.0)
-            except (EngineError, TimeoutError):
-                pass
+            await self._pool.request("POST", "/abort_request", {"rid": rid}, limit_seconds=2.0)
+        except (EngineError, TimeoutError):
+            pass

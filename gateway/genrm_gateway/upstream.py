@@ -41,6 +41,10 @@ class EngineDisconnected(EngineError):
     reason = "engineDisconnected"
 
 
+class _Unsolicited(Exception):
+    """The engine sent a response that matches no request (raised inside the parser)."""
+
+
 class ClientGone(Exception):
     """The downstream client disconnected; the engine request should be aborted."""
 
@@ -158,6 +162,7 @@ class _Connection(asyncio.Protocol):
         self._headers: list[tuple[bytes, bytes]] = []
         self.closed = False
         self._paused = False
+        self._interim = False
         self.idle_since = 0.0
 
     def start(self, exchange: Exchange, data: bytes) -> None:
@@ -186,14 +191,20 @@ class _Connection(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
 
     def data_received(self, data: bytes) -> None:
-        if self._exchange is None:
+        if self._exchange is None:  # bytes nobody asked for: the connection cannot be trusted
             self.close()
             return
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._exchange.fail(EngineDisconnected(f"malformed engine response: {exc}"))
-            self.close()
+        except (httptools.HttpParserError, _Unsolicited) as exc:
+            self._fail(EngineDisconnected(f"malformed engine response: {exc}"))
+
+    def _fail(self, error: EngineError) -> None:
+        """End the current exchange (if any) with ``error`` and never reuse this connection."""
+        exchange, self._exchange = self._exchange, None
+        if exchange is not None:
+            exchange.fail(error)
+        self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -202,19 +213,34 @@ class _Connection(asyncio.Protocol):
             exchange.fail(EngineDisconnected("the engine closed the connection mid-request"))
 
     # httptools callbacks
+    def on_message_begin(self) -> None:
+        if self._exchange is None or self._exchange.answered:
+            # A second response to one request (or more body than announced): a desynchronised
+            # engine. Nothing after this can be matched to a request.
+            raise _Unsolicited("a response nobody asked for")
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
         headers, self._headers = self._headers, []
+        status = self._parser.get_status_code()
+        self._interim = 100 <= status < 200
+        if self._interim:  # 100 Continue and the like: the final response follows
+            return
+        if not 200 <= status <= 599:
+            raise _Unsolicited(f"status {status}")
         if self._exchange is not None:
-            self._exchange._on_head(self._parser.get_status_code(), headers)
+            self._exchange._on_head(status, headers)
 
     def on_body(self, body: bytes) -> None:
         if self._exchange is not None:
             self._exchange._on_body(body)
 
     def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
         exchange, self._exchange = self._exchange, None
         keep_alive = self._parser.should_keep_alive()
         if exchange is not None:

@@ -20,6 +20,14 @@ from genrm_sim.testing import free_port
 
 METRICS = b"sglang:num_running_reqs 0\nsglang:num_queue_reqs 0\nsglang:token_usage 0\n"
 STREAM_CHUNK = b"data: " + b"x" * (64 * 1024 - 8) + b"\n\n"
+_ANSWER = b'{"text": "spy verdict: 7"}'
+MISBEHAVIOURS = {
+    "desync": b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(_ANSWER), _ANSWER)
+              + b"HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\nstray",
+    "status999": b"HTTP/1.1 999 Odd\r\ncontent-length: 2\r\n\r\n{}",
+    "interim": b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s"
+               % (len(_ANSWER), _ANSWER),
+}
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,9 @@ class SpyEngine:
     seen: list[Seen] = field(default_factory=list)
     broken: list[str] = field(default_factory=list)
     streamed_bytes: int = 0
+    misbehave: str = ""
+    """How the spy breaks HTTP on judge routes: "" (never), "desync" (a stray second response),
+    "status999" (an impossible status) or "interim" (a 100 Continue before the answer)."""
 
     @property
     def url(self) -> str:
@@ -68,7 +79,7 @@ class SpyEngine:
                                 tuple((n.decode(), v.decode("latin-1")) for n, v in request.headers), body)
                     self.seen.append(seen)
                     await self._answer(conn, writer, seen)
-                    if conn.our_state is h11.MUST_CLOSE:
+                    if conn.our_state is not h11.DONE:  # closed, or answered with raw misbehaviour
                         break
                     conn.start_next_cycle()
                 else:  # ConnectionClosed or PAUSED
@@ -92,6 +103,10 @@ class SpyEngine:
             payload = seen.json()
         except ValueError:
             await self._send(conn, writer, 400, b'{"error":"spy: not json"}')
+            return
+        if self.misbehave:
+            writer.write(MISBEHAVIOURS[self.misbehave])
+            await writer.drain()
             return
         if payload.get("stream"):
             await self._stream(conn, writer, int(payload.get("chunks", 4)))  # type: ignore[call-overload]

@@ -22,7 +22,7 @@ from conftest import AUTH, Gateway, gateway_process
 from genrm_gateway.routes import PROXIED
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from spy import Seen, SpyEngine, running_spy
+from spy import STREAM_CHUNK, Seen, SpyEngine, running_spy
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -214,6 +214,10 @@ CORPUS: list[tuple[str, bytes, set[int]]] = [
     ("oversize chunked body", b"POST /generate HTTP/1.1\r\nhost: j\r\ntransfer-encoding: chunked\r\n\r\n"
      + chunked(PAD), {413}),
     ("deeply nested JSON", post(b"[" * 30_000 + b"]" * 30_000), {400}),
+    ("brackets past the container limit", post(b'{"text": "a", "x": [' + b"[[]]," * 12_000 + b'[]]}'), {400}),
+    ("a batch past the batch limit", post(json.dumps({"text": ["a"] * 5000}).encode()), {400}),
+    ("a rid list past the batch limit", post(json.dumps({"text": "a", "rid": ["r"] * 5000}).encode()), {400}),
+    ("valid request, then malformed bytes", post(VALID) + b"GET / HTTP/1.1\r\nbad header\r\n\r\n", {200, 400}),
     ("nesting past the depth limit", post(b'{"text": "a", "x": ' + b'{"a": ' * 20 + b"1" + b"}" * 20 + b"}"), {400}),
     ("invalid JSON", post(b"{not json"), {400}),
     ("JSON that is not an object", post(b"[1, 2]"), {400}),
@@ -246,6 +250,34 @@ def test_attack_corpus(target: Target, name: str, raw: bytes, allowed: set[int])
 
 def test_the_corpus_is_large_enough() -> None:
     assert len(CORPUS) >= 40
+
+
+def test_earlier_pipelined_requests_are_answered_before_a_refusal(target: Target) -> None:
+    answer = exchange(target.gateway.port, post(VALID) + post(VALID) + b"GET / HTTP/1.1\r\nbad header\r\n\r\n")
+    assert [int(code) for code in STATUS.findall(answer)] == [200, 200, 400]
+
+
+def test_brackets_inside_strings_do_not_count_as_containers(target: Target) -> None:
+    prompt = "def f(x): return [x[i] for i in {'a': [1]}]" * 600  # ~20,000 brackets, one string
+    response = httpx.post(f"http://127.0.0.1:{target.gateway.port}/generate", json={"text": prompt})
+    assert response.status_code == 200
+
+
+def test_a_batch_gets_one_engine_id_per_prompt(target: Target) -> None:
+    mark = len(target.spy.seen)
+    response = httpx.post(f"http://127.0.0.1:{target.gateway.port}/generate", json={"text": ["a", "b", "c"]})
+    assert response.status_code == 200
+    rid = target.spy.since(mark)[0].json()["rid"]
+    assert isinstance(rid, list) and len(rid) == 3 and all(MINTED.fullmatch(r) for r in rid)
+
+
+def test_an_http10_client_gets_a_stream_whole_without_chunked_encoding(target: Target) -> None:
+    body = b'{"text": "a", "stream": true, "chunks": 3}'
+    answer = exchange(target.gateway.port, b"POST /generate HTTP/1.0\r\ncontent-length: %d\r\n\r\n" % len(body)
+                      + body, seconds=3)
+    head, _, content = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and b"transfer-encoding" not in head.lower()
+    assert b"content-length: %d" % len(content) in head.lower() and len(content) == 3 * len(STREAM_CHUNK)
 
 
 def test_no_response_reflects_the_host_header_or_redirects(target: Target) -> None:

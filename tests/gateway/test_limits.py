@@ -159,3 +159,48 @@ def test_a_client_that_stops_reading_a_stream_is_cut_without_buffering_it(
     assert spy.streamed_bytes < 32 << 20, spy.streamed_bytes  # the engine was pushed back, not drained
     assert peak < baseline + 40, (baseline, peak)
     assert gateway.state()["inflight"] == 0 and served(gateway)
+
+
+def test_a_pipelining_client_that_never_reads_cannot_hold_a_drain(spied: tuple[SpyEngine, Gateway]) -> None:
+    """Refusals wait on a full socket too: every answer on the traffic port has the write timeout."""
+    _, gateway = spied
+    data = b"POST /generate HTTP/1.1\r\nhost: j\r\ncontent-length: 9\r\n\r\n{not json" * 20_000
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
+        sock.connect(("127.0.0.1", gateway.port))
+        sock.setblocking(False)
+        sent, deadline = 0, time.monotonic() + 3
+        while sent < len(data) and time.monotonic() < deadline:
+            try:
+                sent += sock.send(data[sent:])
+            except BlockingIOError:
+                time.sleep(0.01)
+        admitted, stalled_at = -1, time.monotonic()
+        while time.monotonic() - stalled_at < 0.5:  # until the gateway stops taking requests
+            time.sleep(0.1)
+            state = gateway.state()
+            if state["admittedTotal"] != admitted:
+                admitted, stalled_at = state["admittedTotal"], time.monotonic()
+        assert gateway.state()["inflight"] == 1  # a refusal stuck on the full socket
+        assert gateway.drain("d", "soft").status_code == 200
+        assert gateway.drain("d", "fence").status_code == 200
+        deadline = time.monotonic() + 8
+        while gateway.state()["state"] != "Drained" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert gateway.state()["state"] == "Drained" and gateway.state()["inflight"] == 0
+
+
+@pytest.mark.parametrize("misbehaviour", ["desync", "status999", "interim"])
+def test_an_engine_that_breaks_http_costs_a_502_at_most_and_never_a_hang(
+        spied: tuple[SpyEngine, Gateway], misbehaviour: str) -> None:
+    spy, gateway = spied
+    spy.misbehave = misbehaviour
+    for _ in range(3):
+        response = httpx.post(f"{gateway.url}/generate", content=JUDGE,
+                              headers={"content-type": "application/json"}, timeout=5)
+        assert response.status_code in ((200,) if misbehaviour == "interim" else (200, 502)), response.text
+        if misbehaviour == "status999":
+            assert response.status_code == 502
+    assert gateway.state()["inflight"] == 0
+    spy.misbehave = ""
+    assert served(gateway)

@@ -151,3 +151,16 @@ def test_sigterm_waits_for_inflight_requests() -> None:
         assert slow.status_code == 200
         assert refused.status_code == 503 and refused.headers["x-genrm-reason"] == "draining"
         assert stack.process.wait(5) == 0
+
+
+def test_a_reward_model_scores_a_batch_through_the_gateway() -> None:
+    """SGLang wants one request id per prompt of a classification batch; the gateway mints them."""
+    with gateway_stack(sim_args=("--sim-classifier",)) as stack:
+        batch = {"text": ["Is 2+2=4? yes", "Is 2+2=5? yes"]}
+        direct = httpx.post(f"{stack.sim.url}/classify", json=batch)
+        proxied = httpx.post(f"{stack.url}/classify", json=batch)
+        assert direct.status_code == proxied.status_code == 200, proxied.text
+        scores = [a["embedding"][0] for a in proxied.json()]  # without deterministic inference: close, not equal
+        assert scores == pytest.approx([a["embedding"][0] for a in direct.json()], rel=1e-3)
+        openai_style = httpx.post(f"{stack.url}/v1/classify", json={"input": ["a", "b"], "model": "judge-sim"})
+        assert openai_style.status_code == 200, openai_style.text

@@ -91,6 +91,10 @@ class GatewayLimits(ApiModel):
     """A request body not complete within this is refused with 408 (and stops counting as in flight)."""
     max_json_depth: int = Field(32, ge=2, le=1000)
     """JSON bodies nesting deeper are refused with 400."""
+    max_json_containers: int = Field(10_000, ge=16, le=10_000_000)
+    """JSON bodies with more arrays and objects are refused with 400 (bounds the gateway's parsing time)."""
+    max_batch_size: int = Field(4096, ge=1, le=1_000_000)
+    """Batched requests with more prompts are refused with 400."""
     max_connections: int = Field(4096, ge=1, le=1_000_000)
     """Open client connections per replica; more are answered 503 and closed."""
     write_timeout_seconds: float = Field(30.0, gt=0, le=3600)

@@ -1,0 +1,141 @@
+"""The JSON body the engine gets: the client's object, bounded, with request ids the gateway mints.
+
+Why the gateway mints the engine's ``rid``: SGLang refuses a duplicate request id and aborts by
+id, so an id a client chooses could collide with, or cancel, another client's request. The
+client's id survives only as a correlation value, checked and echoed in ``X-Request-Id``.
+
+Why bounds before parsing: the parser runs on the event loop that also answers the probes, and
+its cost grows with the number of containers (each ``[`` or ``{`` becomes a Python object), not
+with the bytes; a body within the size limit made of nothing but brackets would stall every other
+request for most of a second. So containers are counted first (a C-speed upper bound, refined
+only when it is over the limit), and nesting is measured on the parsed object only when it could
+be too deep.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+from collections.abc import Callable
+
+from genrm_gateway.config import Limits
+from genrm_gateway.errors import Refusal
+
+# A client's request id: printable, header-safe and short (UUIDs, ULIDs, hex, "job-7/step-3").
+CORRELATION_ID = re.compile(rb"[A-Za-z0-9._:/+=@-]{1,128}")
+# The json module's C string scanner: steps over one JSON string (escapes included) in C.
+scanstring: Callable[[str, int], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
+
+
+class RequestIds:
+    """Engine request ids: unique per gateway process and never chosen by a client.
+
+    A random prefix per process and a counter: cheap, and unique across restarts of the sidecar
+    while the engine (which rejects a duplicate rid) keeps running.
+    """
+
+    def __init__(self) -> None:
+        self._prefix = "gw" + os.urandom(6).hex() + "-"
+        self._counter = itertools.count(1)
+
+    def mint(self) -> str:
+        return f"{self._prefix}{next(self._counter):x}"
+
+
+def correlation_id(value: object) -> bytes:
+    """A client-supplied id as a header-safe value, or a 400."""
+    raw = value.encode("utf-8", "replace") if isinstance(value, str) else value
+    if not isinstance(raw, bytes) or CORRELATION_ID.fullmatch(raw) is None:
+        raise Refusal(400, "invalidRequestId", "a request id must be 1-128 characters of A-Z a-z 0-9 . _ : / + = @ -")
+    return raw
+
+
+def containers(body: bytes, limit: int) -> int:
+    """How many JSON arrays and objects ``body`` holds, exactly up to ``limit`` (more means over it).
+
+    Brackets inside strings are skipped (a prompt full of code is fine) by letting the C string
+    scanner step over each string; that walk only runs when the plain bracket count is over the
+    limit, and stops as soon as the real count is.
+    """
+    bound = body.count(b"[") + body.count(b"{")
+    if bound <= limit:
+        return bound
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise Refusal(400, "invalidJson", "the body is not UTF-8 JSON") from None
+    count, position = 0, 0
+    while count <= limit:
+        quote = text.find('"', position)
+        segment = text[position:] if quote < 0 else text[position:quote]
+        count += segment.count("[") + segment.count("{")
+        if quote < 0:
+            break
+        try:
+            position = scanstring(text, quote + 1)[1]
+        except ValueError:
+            raise Refusal(400, "invalidJson", "the body is not valid JSON") from None
+    return count
+
+
+def exceeds_depth(value: object, limit: int) -> bool:
+    """Whether JSON containers nest deeper than ``limit`` (iterative: no recursion to exhaust)."""
+    level: list[object] = [value]
+    for _ in range(limit):
+        level = [child for item in level
+                 for child in (item.values() if isinstance(item, dict) else item if isinstance(item, list) else ())
+                 if isinstance(child, dict | list)]
+        if not level:
+            return False
+    return True
+
+
+def batch_size(payload: dict[str, object]) -> int | None:
+    """The number of prompts of a batched native request (``text``, ``input_ids``, ``input``), else None.
+
+    SGLang wants one request id per prompt of a batch; a reward model's batch refuses a single id.
+    """
+    for key in ("text", "input"):
+        value = payload.get(key)
+        if isinstance(value, list) and value and all(isinstance(item, str) for item in value):
+            return len(value)
+    ids = payload.get("input_ids")
+    if isinstance(ids, list) and ids and all(isinstance(item, list) for item in ids):
+        return len(ids)
+    return None
+
+
+def engine_body(body: bytes, limits: Limits, ids: RequestIds) -> tuple[bytes, str | None, bytes]:
+    """The body the engine gets: the client's JSON object with the gateway's ``rid``.
+
+    Returns the new body, the one engine rid to abort if the client leaves (None for a batch: the
+    engine aborts a batch itself when its connection closes) and the id to echo: the client's
+    own ``rid`` when it sent a single one, else the gateway's.
+    """
+    if containers(body, limits.max_json_containers) > limits.max_json_containers:
+        raise Refusal(400, "jsonTooComplex", f"the JSON has more than {limits.max_json_containers} arrays and objects")
+    try:
+        payload = json.loads(body)
+    except (ValueError, RecursionError):
+        raise Refusal(400, "invalidJson", "the body is not valid JSON") from None
+    if not isinstance(payload, dict):
+        raise Refusal(400, "invalidJson", "the body must be a JSON object")
+    if exceeds_depth(payload, limits.max_json_depth):
+        raise Refusal(400, "jsonTooDeep", f"the JSON nests deeper than {limits.max_json_depth} levels")
+    client_rid = payload.get("rid")
+    if isinstance(client_rid, list) and 0 < len(client_rid) <= limits.max_batch_size:
+        for item in client_rid:
+            correlation_id(item)
+    elif client_rid is not None and not isinstance(client_rid, str):
+        raise Refusal(400, "invalidRequestId",
+                      f"rid must be a string or a list of at most {limits.max_batch_size} strings")
+    given = correlation_id(client_rid) if isinstance(client_rid, str) else None
+    size = len(client_rid) if isinstance(client_rid, list) else batch_size(payload)
+    if size is not None and size > limits.max_batch_size:
+        raise Refusal(400, "batchTooLarge", f"a batch may hold at most {limits.max_batch_size} prompts")
+    engine_rid = ids.mint()
+    payload["rid"] = engine_rid if size is None else [f"{engine_rid}.{i}" for i in range(size)]
+    return (json.dumps(payload, separators=(",", ":")).encode(), engine_rid if size is None else None,
+            given or engine_rid.encode())
