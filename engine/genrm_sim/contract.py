@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 from typing import Any
 
@@ -61,7 +61,12 @@ class Contract:
         return next(f for f in self.flags if name in f.names)
 
     def route(self, path: str) -> Route:
-        return next(r for r in self.routes if r.path == path)
+        return self._routes_by_path[path]
+
+    @cached_property
+    def _routes_by_path(self) -> dict[str, Route]:
+        """The simulator looks a route up on every request."""
+        return {r.path: r for r in self.routes}
 
     def metric(self, name: str) -> Metric:
         return next(m for m in self.metrics if m.name == name)
