@@ -17,7 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from genrm_gateway.admission import Admission
 from genrm_gateway.config import GatewayConfig
-from genrm_gateway.connection import ClientStalled, Connections, GatewayProtocol, protocol_class, timed_send
+from genrm_gateway.connection import Connections, GatewayProtocol, protocol_class
 from genrm_gateway.control import create_control_app
 from genrm_gateway.drain import DrainController
 from genrm_gateway.engine import EngineMonitor
@@ -62,13 +62,6 @@ class Gateway:
             await self._traffic(scope, receive, send)
 
     async def _traffic(self, scope: Scope, receive: Receive, send: Send) -> None:
-        send = timed_send(send, scope, self.config.limits.write_timeout_seconds, self._stalled)
-        try:
-            await self._route(scope, receive, send)
-        except ClientStalled:
-            await asyncio.sleep(0)  # the aborted connection's loss is seen before uvicorn looks
-
-    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
         route = PROXIED.get(path)
         if route is not None:
@@ -81,8 +74,6 @@ class Gateway:
         self.metrics.refused(reason)
         await send_error(send, code, reason, message)
 
-    def _stalled(self) -> None:
-        self.metrics.refused("writeTimeout")
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

@@ -114,7 +114,8 @@ def engine_body(body: bytes, limits: Limits, ids: RequestIds) -> tuple[bytes, st
     engine aborts a batch itself when its connection closes) and the id to echo: the client's
     own ``rid`` when it sent a single one, else the gateway's.
     """
-    if containers(body, limits.max_json_containers) > limits.max_json_containers:
+    count = containers(body, limits.max_json_containers)
+    if count > limits.max_json_containers:
         raise Refusal(400, "jsonTooComplex", f"the JSON has more than {limits.max_json_containers} arrays and objects")
     try:
         payload = json.loads(body)
@@ -122,7 +123,7 @@ def engine_body(body: bytes, limits: Limits, ids: RequestIds) -> tuple[bytes, st
         raise Refusal(400, "invalidJson", "the body is not valid JSON") from None
     if not isinstance(payload, dict):
         raise Refusal(400, "invalidJson", "the body must be a JSON object")
-    if exceeds_depth(payload, limits.max_json_depth):
+    if count > limits.max_json_depth and exceeds_depth(payload, limits.max_json_depth):
         raise Refusal(400, "jsonTooDeep", f"the JSON nests deeper than {limits.max_json_depth} levels")
     client_rid = payload.get("rid")
     if isinstance(client_rid, list) and 0 < len(client_rid) <= limits.max_batch_size:
@@ -136,6 +137,12 @@ def engine_body(body: bytes, limits: Limits, ids: RequestIds) -> tuple[bytes, st
     if size is not None and size > limits.max_batch_size:
         raise Refusal(400, "batchTooLarge", f"a batch may hold at most {limits.max_batch_size} prompts")
     engine_rid = ids.mint()
+    echo = given or engine_rid.encode()
+    if "rid" not in payload and size is None and json.detect_encoding(body) == "utf-8":
+        # The common case, kept cheap: the gateway's id spliced in front of the client's keys (the
+        # body parsed as one UTF-8 object, so it stays valid; the id is the gateway's own hex).
+        start = body.index(b"{") + 1
+        rest = body[start:].lstrip()
+        return b'{"rid":"' + engine_rid.encode() + (b'",' if rest[:1] != b"}" else b'"') + rest, engine_rid, echo
     payload["rid"] = engine_rid if size is None else [f"{engine_rid}.{i}" for i in range(size)]
-    return (json.dumps(payload, separators=(",", ":")).encode(), engine_rid if size is None else None,
-            given or engine_rid.encode())
+    return json.dumps(payload, separators=(",", ":")).encode(), engine_rid if size is None else None, echo

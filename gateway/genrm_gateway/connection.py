@@ -24,7 +24,6 @@ from typing import Any
 
 import httptools
 from genrm_contract.sidecar import DrainState
-from starlette.types import Message, Scope, Send
 from uvicorn._types import ASGI3Application
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
@@ -91,35 +90,6 @@ class _Transport:
         return getattr(self._transport, name)
 
 
-# The scope extension through which the app can abort its connection (a client that stopped
-# reading: closing would wait for ever to flush what is buffered for it).
-ABORT_EXTENSION = "genrm.abort"
-
-
-class ClientStalled(Exception):
-    """The client read nothing of its response for the write timeout; its connection was aborted."""
-
-
-def timed_send(send: Send, scope: Scope, seconds: float, stalled: Callable[[], None]) -> Send:
-    """``send`` with a write timeout: a client that stops reading is cut, not waited for.
-
-    uvicorn's ``send`` waits while the socket's buffer is full. Every answer on the traffic port
-    goes through this, refusals included, so no client can hold a request (and a drain) open by
-    not reading: past the timeout the connection is aborted, dropping what is buffered for it.
-    """
-
-    async def timed(message: Message) -> None:
-        try:
-            async with asyncio.timeout(seconds):
-                await send(message)
-        except TimeoutError:
-            stalled()
-            scope["extensions"][ABORT_EXTENSION]()
-            raise ClientStalled from None
-
-    return timed
-
-
 class _HeadRefused(Exception):
     """Raised inside a parser callback; the refusal itself waits on the protocol."""
 
@@ -184,6 +154,7 @@ class GatewayProtocol(HttpToolsProtocol):
         self._refusal: tuple[int, str, str] | None = None
         self._deferred: bytes | None = None  # a refusal waiting for earlier pipelined answers
         self._running: RequestResponseCycle | None = None  # the request the app is answering
+        self._write_timer: asyncio.TimerHandle | None = None
         # A new connection counts as busy: its client opened it to send a request right away,
         # which a close would race. It turns idle only after a response (else the head timeout).
         self._idle_since: float | None = None
@@ -198,7 +169,32 @@ class GatewayProtocol(HttpToolsProtocol):
             return
         self._arm_head_timer()
 
+    def pause_writing(self) -> None:
+        """The client stopped reading (the socket's buffer is full): it has the write timeout to resume.
+
+        Why here and not around each ``send``: every answer on the connection is covered, refusals
+        and pipelined ones included, and a request that does not fill the buffer pays nothing.
+        """
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self._limits.write_timeout_seconds, self._write_timed_out)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_timed_out(self) -> None:
+        """Cut the client: an abort drops what is buffered for it (a close would wait to flush it),
+        and the request learns its client is gone, so its engine work is aborted too."""
+        self._write_timer = None
+        self.registry.refused("writeTimeout")
+        self.transport.abort()
+
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
         self._cancel_head_timer()
         self.registry.discard(self)
         running = self._running
@@ -229,7 +225,6 @@ class GatewayProtocol(HttpToolsProtocol):
     # Parser callbacks (uvicorn's, extended)
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self.scope["extensions"] = {ABORT_EXTENSION: self.transport.abort}  # type: ignore[dict-item]
         self._idle_since = None
         self._header_count = self._head_size = 0
         self._arm_head_timer()

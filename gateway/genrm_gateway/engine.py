@@ -67,6 +67,10 @@ def parse_v1_loads(payload: object) -> EngineLoad:
     return EngineLoad(running=running, queued=queued)
 
 
+UNHEALTHY_AFTER_TIMEOUTS = 3
+"""Readiness polls in a row that may time out before the engine counts as hung (unready)."""
+
+
 class EngineMonitor:
     """Polls ``/ready`` and the load (``/metrics``, else ``/v1/loads``) every interval.
 
@@ -84,6 +88,7 @@ class EngineMonitor:
         self.idle_since: float | None = time.monotonic()
         self._task: asyncio.Task[None] | None = None
         self._recheck = asyncio.Event()
+        self._timeouts = 0
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._run())
@@ -95,12 +100,21 @@ class EngineMonitor:
                 await self._task
 
     async def poll(self) -> None:
+        """Read readiness and load. An engine that answers slowly is busy, not down: one timeout
+        keeps the last verdict (marking a loaded engine down would refuse the work it is doing
+        and flap readiness); ``UNHEALTHY_AFTER_TIMEOUTS`` in a row make it unready (a hung
+        engine), and a refused or broken connection marks it down at once."""
         try:
             status, _ = await self._pool.request("GET", "/ready", limit_seconds=max(self._interval, 2.0))
-            self.up, self.healthy = True, status == 200
+            self.up, self.healthy, self._timeouts = True, status == 200, 0
             self.load = await self._fetch_load()
-        except (EngineError, TimeoutError):
+        except EngineError:
             self.up = self.healthy = False
+            self.load = EngineLoad()
+        except TimeoutError:
+            self._timeouts += 1
+            if self._timeouts >= UNHEALTHY_AFTER_TIMEOUTS:
+                self.healthy = False
             self.load = EngineLoad()
         busy = self.load.busy
         if busy:

@@ -5,7 +5,7 @@ whole overhead, and the routing, dependency and response machinery of a framewor
 than the proxying itself.
 
 What reaches the engine is the gateway's own request, never the client's bytes: the route's
-canonical path (no client target or query), an allowlist of headers re-serialised by h11, and the
+canonical path (no client target or query), an allowlist of RFC 9110-checked headers, and the
 JSON body re-serialised with a request id (``rid``) the gateway minted. The client's id is only a
 correlation value, validated and echoed in ``X-Request-Id``; so a client can neither inject a
 header or a second request, nor collide with (or abort) another client's request on the engine.
@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-import h11
 from genrm_contract.sidecar import DRAINING_HEADER as DRAINING
 from genrm_contract.sidecar import DrainState, Reason
 from starlette.types import Receive, Scope, Send
@@ -24,13 +23,12 @@ from starlette.types import Receive, Scope, Send
 from genrm_gateway.admission import Admission
 from genrm_gateway.body import RequestIds, correlation_id, engine_body
 from genrm_gateway.config import Limits
-from genrm_gateway.connection import ClientStalled
 from genrm_gateway.drain import DrainController
 from genrm_gateway.engine import EngineMonitor
 from genrm_gateway.errors import CLOSE_HEADER, REASON_HEADER, Refusal, error_body
 from genrm_gateway.metrics import GatewayMetrics
 from genrm_gateway.routes import ProxiedRoute
-from genrm_gateway.upstream import ClientGone, EngineError, EnginePool, EngineUnavailable, Exchange
+from genrm_gateway.upstream import ClientGone, EngineError, EnginePool, EngineUnavailable, Exchange, InvalidField
 
 REQUEST_ID_HEADER = b"x-request-id"
 DRAINING_HEADER = (DRAINING.encode(), b"1")
@@ -157,7 +155,7 @@ class Proxy:
             body, request_id = b"", given or self._ids.mint().encode()
         try:
             data = self._pool.serialize(route.method, route.name, body, forwarded)
-        except h11.LocalProtocolError:
+        except InvalidField:
             raise Refusal(400, "invalidHeader", "a header value is not allowed by RFC 9110") from None
         exchange = Exchange(self._limits.stream_buffer_bytes)
         watcher = _DisconnectWatcher(receive, exchange)
@@ -165,7 +163,7 @@ class Proxy:
             await self._pool.send(exchange, data)
             await self._respond(exchange, scope, send, request_id)
             return exchange.status
-        except (ClientGone, ClientStalled):
+        except ClientGone:
             exchange.discard()
             await self._abort(abort_rid)
             return CLIENT_CLOSED

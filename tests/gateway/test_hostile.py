@@ -352,3 +352,15 @@ def test_fuzzed_requests_keep_the_oracle(target: Target, raw: bytes) -> None:
 @given(raw=st.binary(min_size=1, max_size=400))
 def test_random_bytes_keep_the_oracle(target: Target, raw: bytes) -> None:
     _fuzz_once(target, raw)
+
+
+@pytest.mark.parametrize("body", [b'{"text": "a", "rid": null}', b'\xef\xbb\xbf{"text": "a"}',
+                                  '{"text": "a"}'.encode("utf-16"), b' {"text": "a"} ', b"{}"])
+def test_every_body_reaches_the_engine_with_exactly_the_gateways_rid(target: Target, body: bytes) -> None:
+    mark = len(target.spy.seen)
+    response = httpx.post(f"http://127.0.0.1:{target.gateway.port}/generate", content=body,
+                          headers={"content-type": "application/json"})
+    assert response.status_code == 200, response.text
+    (seen,) = target.spy.since(mark)
+    rids = [value for key, value in json.loads(seen.body, object_pairs_hook=list) if key == "rid"]
+    assert len(rids) == 1 and MINTED.fullmatch(rids[0]), seen.body
