@@ -1,12 +1,17 @@
 """Invalid pools are rejected by the API server with a message naming the field.
 
 Aspects: negative replicas, minReplicas > maxReplicas, changing an immutable
-field, an unknown field, a wrong type.
+field, an unknown field, a wrong type; what the pool's children would be refused
+for: invalid label keys and values in the template and nodeSelector, an env entry
+without a name, a malformed resource quantity, a pool name too long for its
+children's labels or not a DNS-1035 label (its Service's name).
 """
 
 from __future__ import annotations
 
 import json
+
+import pytest
 
 from .harness import Cluster, pool_manifest
 
@@ -44,3 +49,28 @@ def test_an_unknown_field_is_rejected(cluster: Cluster, namespace: str) -> None:
 def test_a_wrong_type_is_rejected(cluster: Cluster, namespace: str) -> None:
     error = cluster.kubectl_fails("apply", "-f", "-", input=_with(namespace, replicas="three"))
     assert "spec.replicas" in error
+
+
+@pytest.mark.parametrize(("spec", "field"), [
+    ({"template": {"labels": {"bad key!": "x"}}}, "spec.template.labels"),
+    ({"template": {"labels": {"team": "v" * 64}}}, "spec.template.labels"),
+    ({"template": {"nodeSelector": {"gpu": "a100 80gb"}}}, "spec.template.nodeSelector"),
+    ({"engine": {"env": [{"value": "1"}]}}, "spec.engine.env[0].name"),
+    ({"engine": {"resources": {"limits": {"memory": "4 GB"}}}}, "spec.engine.resources.limits.memory"),
+    ({"gateway": {"resources": {"requests": {"cpu": "half"}}}}, "spec.gateway.resources.requests.cpu"),
+], ids=["label-key", "label-value-length", "node-selector-value", "env-without-name", "engine-quantity",
+        "gateway-quantity"])
+def test_what_a_child_would_be_refused_for_is_rejected(cluster: Cluster, namespace: str, spec: dict[str, object],
+                                                       field: str) -> None:
+    body = json.loads(pool_manifest("bad", namespace))
+    for key, value in spec.items():
+        body["spec"].setdefault(key, {}).update(value)
+    error = cluster.kubectl_fails("apply", "-f", "-", input=json.dumps(body))
+    assert field in error
+
+
+@pytest.mark.parametrize(("name", "why"), [("p" * 64, "at most 63"), ("judge.v2", "DNS-1035")])
+def test_a_pool_name_its_children_cannot_carry_is_rejected(cluster: Cluster, namespace: str, name: str,
+                                                           why: str) -> None:
+    error = cluster.kubectl_fails("apply", "-f", "-", input=pool_manifest(name, namespace))
+    assert "metadata.name" in error and why in error

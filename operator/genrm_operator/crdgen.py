@@ -22,7 +22,7 @@ from typing import Any, get_args
 import yaml
 from pydantic import BaseModel
 
-from .api.pool import GenRMPoolSpec, GenRMPoolStatus
+from .api.pool import NAME_RULES, GenRMPoolSpec, GenRMPoolStatus
 from .core.names import GROUP, KIND, PLURAL, VERSION
 
 REPO = Path(__file__).resolve().parents[2]
@@ -169,6 +169,7 @@ def crd() -> Schema:
             "spec": openapi_schema(GenRMPoolSpec),
             "status": openapi_schema(GenRMPoolStatus, defaults=False),
         },
+        **NAME_RULES,
     }
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

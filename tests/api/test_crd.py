@@ -104,8 +104,10 @@ def test_the_schema_is_structural(root: Node) -> None:
         assert "title" not in node and "const" not in node and "nullable" not in node, path
         assert node.get("additionalProperties") is not False, path
         assert not any(o.get("type") == "null" for o in node.get("anyOf") or []), path
-        if "|" not in path:
-            assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields") is True, path
+        if "|" not in path:  # Kubernetes: a type on every node but int-or-string and preserved ones
+            assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields") is True or (
+                node.get("x-kubernetes-int-or-string") is True and node.get("anyOf") == [
+                    {"type": "integer"}, {"type": "string"}]), path
         if node.get("type") == "array":
             assert isinstance(node.get("items"), dict), path
         if node.get("type") == "object" and node is not root and path != ".metadata":
@@ -164,7 +166,7 @@ def test_cel_rules_only_refer_to_properties_of_their_own_object(root: Node) -> N
     for path, node in walk(root):
         for rule in node.get("x-kubernetes-validations") or []:
             assert rule["message"], path
-            for name in re.findall(r"\b(?:self|oldSelf)\.([A-Za-z]+)", rule["rule"]):
+            for name in re.findall(r"\b(?:self|oldSelf)\.([A-Za-z]+)\b(?!\()", rule["rule"]):  # not all(), size()
                 assert name in node.get("properties", {}), (path, rule["rule"], name)
 
 

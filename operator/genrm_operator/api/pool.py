@@ -19,6 +19,17 @@ from .spec import (
 )
 from .status import Condition, HistoryEntry, Operation
 
+MAX_NAME_LENGTH = 63
+"""The pool name is the value of its children's instance label and its Service's name: 63 at most."""
+NAME_RULES = validations(
+    cel(f"self.metadata.name.size() <= {MAX_NAME_LENGTH}",
+        f"metadata.name must be at most {MAX_NAME_LENGTH} characters: it labels the pool's Secret, Service and pods"),
+    cel("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+        "metadata.name must be a DNS-1035 label (lowercase alphanumerics and '-', starting with a letter): "
+        "it names the pool's Service"),
+)
+"""CEL rules on the whole object: the names the pool's children derive from its name must be valid."""
+
 
 class GenRMPoolSpec(ApiModel):
     """Desired state of a pool of identical GenRM judge replicas, one GPU pod each."""

@@ -8,10 +8,10 @@ the user to create a new pool instead.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from genrm_contract import sidecar
-from pydantic import Field
+from pydantic import Field, WithJsonSchema
 
 from .base import ApiModel, cel, validations
 
@@ -20,6 +20,36 @@ SGLANG_IMAGE_TAG = "v0.5.23"
 IMMUTABLE_HINT = "is immutable in v1alpha1 because it changes what the judge answers; create a new GenRMPool"
 OpaqueObject = dict[str, Any]
 """A Kubernetes core type (EnvVar, Volume, Affinity...) passed through verbatim to the pod."""
+
+LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+LABEL_KEY = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+             r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+LabelMap = Annotated[
+    dict[str, Annotated[str, Field(max_length=63, pattern=LABEL_VALUE)]],
+    Field(max_length=64, json_schema_extra=validations(cel(
+        f"self.all(k, k.size() <= 317 && k.matches('{LABEL_KEY}'))",
+        "keys must be label keys: an optional DNS subdomain prefix and '/', then at most 63 characters "
+        "(alphanumerics, '-', '_', '.'), starting and ending with an alphanumeric"))),
+]
+"""Labels as the API server accepts them on a pod, checked at admission rather than at pod creation."""
+_DECIMAL = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+QUANTITY = rf"^(\+|-)?{_DECIMAL}(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?{_DECIMAL}))?$"
+"""The API server's resource.Quantity syntax, as in the core types' own OpenAPI schema."""
+_QUANTITY = {"anyOf": [{"type": "integer"}, {"type": "string"}], "pattern": QUANTITY,
+             "x-kubernetes-int-or-string": True}
+Resources = Annotated[OpaqueObject, WithJsonSchema({
+    "type": "object", "properties": {
+        "limits": {"type": "object", "description": "Maximum amount of each resource.",
+                   "additionalProperties": _QUANTITY},
+        "requests": {"type": "object", "description": "Amount of each resource the scheduler reserves.",
+                     "additionalProperties": _QUANTITY}},
+    "x-kubernetes-preserve-unknown-fields": True})]
+"""core/v1 ResourceRequirements: limits and requests must be resource quantities (``500m``, ``4Gi``)."""
+EnvVar = Annotated[OpaqueObject, WithJsonSchema({
+    "type": "object", "required": ["name"],
+    "properties": {"name": {"type": "string", "minLength": 1, "description": "Name of the variable."}},
+    "x-kubernetes-preserve-unknown-fields": True})]
+"""core/v1 EnvVar: passed through, but a name is required."""
 
 
 class ModelSpec(ApiModel):
@@ -34,7 +64,7 @@ class ModelSpec(ApiModel):
 
 
 class EngineSpec(ApiModel):
-    """The SGLang engine container of every replica."""
+    """The SGLang engine container of every replica; changes apply to replicas created afterwards."""
 
     model_config = ApiModel.model_config | {
         "json_schema_extra": validations(
@@ -70,9 +100,9 @@ class EngineSpec(ApiModel):
     """nvidia.com/gpu requested and limited per replica pod."""
     port: int = Field(30000, ge=1, le=65535)
     """Engine port; the engine binds 127.0.0.1 so only the gateway sidecar can reach it."""
-    env: list[OpaqueObject] = Field(default_factory=list)
+    env: list[EnvVar] = Field(default_factory=list)
     """Extra environment variables (core/v1 EnvVar) for the engine container."""
-    resources: OpaqueObject = Field(default_factory=dict)
+    resources: Resources = Field(default_factory=dict)
     """Engine container resources (core/v1 ResourceRequirements); the GPU limit is added."""
     startup_timeout_seconds: int = Field(1800, ge=1)
     """A replica not ready within this time after creation is replaced."""
@@ -104,7 +134,8 @@ class GatewayLimits(ApiModel):
 
 
 class GatewaySpec(ApiModel):
-    """The gateway sidecar: the pod's only ingress, counting in-flight requests."""
+    """The gateway sidecar: the pod's only ingress, counting in-flight requests. Changes apply to replicas
+    created afterwards."""
 
     model_config = ApiModel.model_config | {
         "json_schema_extra": validations(
@@ -118,7 +149,7 @@ class GatewaySpec(ApiModel):
     """Port of judge traffic (pod IP); the Service targets it. Only the judge routes are served here."""
     control_port: int = Field(sidecar.CONTROL_PORT, ge=1, le=65535)
     """Port of the probes, the drain API and /metrics (the kubelet, the operator, Prometheus)."""
-    resources: OpaqueObject = Field(default_factory=dict)
+    resources: Resources = Field(default_factory=dict)
     """Gateway container resources (core/v1 ResourceRequirements)."""
     max_request_body_bytes: int = Field(sidecar.MAX_BODY_BYTES, ge=1024)
     """Requests with larger bodies are refused with 413."""
@@ -169,9 +200,9 @@ class VerificationSpec(ApiModel):
 
 
 class TemplateSpec(ApiModel):
-    """Pod-level settings copied into every replica pod."""
+    """Pod-level settings copied into every replica pod; changes apply to replicas created afterwards."""
 
-    node_selector: dict[str, str] = Field(default_factory=dict)
+    node_selector: LabelMap = Field(default_factory=dict)
     """Node labels a replica pod requires."""
     tolerations: list[OpaqueObject] = Field(default_factory=list)
     """core/v1 Tolerations, e.g. for tainted GPU nodes."""
@@ -187,14 +218,15 @@ class TemplateSpec(ApiModel):
     """Extra core/v1 Volumes (e.g. a model cache)."""
     volume_mounts: list[OpaqueObject] = Field(default_factory=list)
     """Extra core/v1 VolumeMounts for the engine container."""
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: LabelMap = Field(default_factory=dict)
     """Extra labels on replica pods."""
     annotations: dict[str, str] = Field(default_factory=dict)
     """Extra annotations on replica pods."""
 
 
 class ServiceSpec(ApiModel):
-    """The pool's Service, which selects published replicas only."""
+    """The pool's Service, which selects published replicas only. Changes apply to the existing Service,
+    and a deleted one is recreated."""
 
     type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
     """Service type."""
@@ -203,7 +235,8 @@ class ServiceSpec(ApiModel):
 
 
 class DisruptionBudgetSpec(ApiModel):
-    """PodDisruptionBudget guarding replicas against node drains."""
+    """PodDisruptionBudget guarding replicas against node drains. Changes apply to the existing budget,
+    a deleted one is recreated, and disabling deletes it."""
 
     enabled: bool = True
     """Create a PodDisruptionBudget for the pool."""
