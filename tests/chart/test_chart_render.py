@@ -31,9 +31,9 @@ OPERATOR_RULES: dict[tuple[str, str], set[str]] = {
     (GROUP, f"{PLURAL}/status"): {"update"},
     (GROUP, f"{PLURAL}/scale"): {"patch"},
     ("", "pods"): {"list", "watch", "create", "delete", "patch"},
-    ("", "services"): {"create"},
-    ("", "secrets"): {"get", "create"},
-    ("policy", "poddisruptionbudgets"): {"create"},
+    ("", "services"): {"get", "list", "watch", "create", "patch"},
+    ("", "secrets"): {"get", "list", "watch", "create", "patch"},
+    ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "events"): {"create"},
 }
 

@@ -63,11 +63,8 @@ class FakeKube:
         self.pool["spec"]["replicas"] = replicas
         self.bump()
 
-    async def control_token(self, *args: Any) -> str:
-        return "token"
-
-    async def create(self, manifest: dict[str, Any]) -> None:
-        pass
+    async def create(self, manifest: dict[str, Any]) -> bool:
+        return True
 
     async def delete_pod(self, *args: Any) -> None:
         pass
@@ -111,7 +108,7 @@ class Harness:
         http = httpx.AsyncClient(transport=httpx.MockTransport(
             lambda request: httpx.Response(200, text=exposition(self.inflight))))
         self.reconciler = PoolReconciler(self.kube, FakeSidecars(), self.post, NS, POOL,  # type: ignore[arg-type]
-                                         lambda: copy.deepcopy(self.kube.pods))
+                                         lambda: copy.deepcopy(self.kube.pods), list)
         self.reconciler.autoscaler = PoolAutoscaler(self.kube, NS, POOL, http)  # type: ignore[arg-type]
 
     async def post(self, pool: dict[str, Any], event: Event) -> None:

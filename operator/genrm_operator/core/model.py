@@ -61,6 +61,8 @@ class Observed:
     sidecars: Mapping[str, SidecarView | None] = field(default_factory=dict)
     """Sidecar reports by pod name; None or absent means unreachable (never 'drained')."""
     now: float = 0.0
+    child_errors: tuple[str, ...] = ()
+    """The API server's messages for writes of the pool's children that failed (the last attempt of each)."""
 
 
 @dataclass(frozen=True)

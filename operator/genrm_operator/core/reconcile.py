@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from ..api.pool import GenRMPoolStatus
 from ..api.status import HISTORY_LIMIT, AddedPod, Condition, HistoryEntry, Operation, Victim
+from .childrenplan import CHILD_FAILED
 from .classify import Replica, Role, classify
 from .clock import from_rfc3339, to_rfc3339
 from .conditions import set_condition
@@ -486,6 +487,9 @@ class _Step:
         inconsistent = [r.pod.name for r in self.role(Role.STARTING) if r.pod.verification == "failed"]
         failed = [r.pod.name for r in self.role(Role.FAILED)]
         last = self.history[-1] if self.history else None
+        if self.obs.child_errors:
+            return set_condition(prev, "Degraded", "True", CHILD_FAILED, "; ".join(self.obs.child_errors),
+                                 self.now, generation)
         if inconsistent:
             return set_condition(prev, "Degraded", "True", "ReplicaInconsistent",
                                  f"answers differ from the serving replicas: {', '.join(inconsistent)}",

@@ -62,17 +62,49 @@ async def pods_by_pool(namespace: str | None, labels: Mapping[str, str], body: k
     }}
 
 
+def _child_entry(kind: str, namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
+                 *fields: str) -> dict[tuple[str, str], Manifest]:
+    """One pool-level child in its pool's index entry: metadata plus the fields the operator owns."""
+    return {(namespace or "default", labels[POOL_LABEL]): {
+        "kind": kind, "metadata": dict(body.get("metadata") or {}), **{f: body.get(f) for f in fields},
+    }}
+
+
+@kopf.index("", "v1", "services", labels={POOL_LABEL: kopf.PRESENT})
+async def services_by_pool(namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
+                           **_: Any) -> dict[tuple[str, str], Manifest]:
+    """Each pool's Service as the watch shows it: a deleted or edited one is repaired next step."""
+    return _child_entry("Service", namespace, labels, body, "spec")
+
+
+@kopf.index("", "v1", "secrets", labels={POOL_LABEL: kopf.PRESENT})
+async def secrets_by_pool(namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
+                          **_: Any) -> dict[tuple[str, str], Manifest]:
+    """Each pool's control Secret (only secrets labelled with a pool are watched)."""
+    return _child_entry("Secret", namespace, labels, body, "data")
+
+
+@kopf.index("policy", "v1", "poddisruptionbudgets", labels={POOL_LABEL: kopf.PRESENT})
+async def pdbs_by_pool(namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
+                       **_: Any) -> dict[tuple[str, str], Manifest]:
+    """Each pool's PodDisruptionBudget."""
+    return _child_entry("PodDisruptionBudget", namespace, labels, body, "spec")
+
+
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
 async def reconcile_pool(name: str, namespace: str | None, memo: kopf.Memo, stopped: kopf.DaemonStopped,
                          **kwargs: Any) -> None:
     """The single writer of one pool."""
     ns = namespace or "default"
-    index = cast(kopf.Index[tuple[str, str], Manifest], kwargs["pods_by_pool"])  # kopf passes indices by name
-
-    def pods() -> list[Manifest]:
+    def indexed(index_name: str) -> list[Manifest]:
+        index = cast(kopf.Index[tuple[str, str], Manifest], kwargs[index_name])  # kopf passes indices by name
         return list(index.get((ns, name), []))
 
-    reconciler = PoolReconciler(memo.kube, memo.sidecars, post_event, ns, name, pods)
+    def children() -> list[Manifest]:
+        return [*indexed("secrets_by_pool"), *indexed("services_by_pool"), *indexed("pdbs_by_pool")]
+
+    reconciler = PoolReconciler(memo.kube, memo.sidecars, post_event, ns, name,
+                                lambda: indexed("pods_by_pool"), children)
     RECONCILERS[(ns, name)] = reconciler
     try:
         await reconciler.run(lambda: bool(stopped))
@@ -94,7 +126,10 @@ async def pool_changed(name: str, namespace: str | None, **_: Any) -> None:
 
 
 @kopf.on.event("", "v1", "pods", labels={POOL_LABEL: kopf.PRESENT})
-async def pod_changed(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
-    """Wake the owning pool's reconciler when one of its pods changes."""
+@kopf.on.event("", "v1", "services", labels={POOL_LABEL: kopf.PRESENT})
+@kopf.on.event("", "v1", "secrets", labels={POOL_LABEL: kopf.PRESENT})
+@kopf.on.event("policy", "v1", "poddisruptionbudgets", labels={POOL_LABEL: kopf.PRESENT})
+async def child_changed(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
+    """Wake the owning pool's reconciler when one of its pods or other children changes or goes."""
     if (reconciler := RECONCILERS.get((namespace or "default", labels[POOL_LABEL]))) is not None:
         reconciler.wake.set()

@@ -8,9 +8,8 @@ decided for one pod incarnation can never hit a recreated pod of the same name.
 from __future__ import annotations
 
 import asyncio
-import base64
+import json
 import logging
-import secrets
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -32,6 +31,19 @@ def load_config() -> None:
         config.load_kube_config()  # type: ignore[no-untyped-call]
 
 
+MESSAGE_LIMIT = 1024
+"""Characters of an API server message kept for a condition or event (an Event's note is 1 KiB)."""
+
+
+def api_message(exc: ApiException) -> str:
+    """The API server's own message (the Status body), as users see it in kubectl."""
+    try:
+        message = json.loads(exc.body or "{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return str(message or f"{exc.status} {exc.reason}")[:MESSAGE_LIMIT]
+
+
 class Conflict(Exception):
     """The object changed since it was read; the step is retried with fresh state."""
 
@@ -40,10 +52,10 @@ class Kube:
     """The handful of API calls the operator makes."""
 
     def __init__(self) -> None:
-        api = client.ApiClient()
-        self.core = client.CoreV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
-        self.policy = client.PolicyV1Api(api)
+        self.api = client.ApiClient()
+        self.core = client.CoreV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+        self.policy = client.PolicyV1Api(self.api)
 
     @staticmethod
     async def _call(fn: Callable[..., T], *args: Any, ok: tuple[int, ...] = (), **kwargs: Any) -> T | None:
@@ -76,8 +88,8 @@ class Kube:
             raise
         return str(cast(Manifest, written)["metadata"]["resourceVersion"])
 
-    async def create(self, manifest: Manifest) -> None:
-        """Create a Pod, Service or PodDisruptionBudget; AlreadyExists is success."""
+    async def create(self, manifest: Manifest) -> bool:
+        """Create a Pod, Secret, Service or PodDisruptionBudget; False when it already exists."""
         ns, kind = manifest["metadata"]["namespace"], manifest["kind"]
         creators: dict[str, Callable[..., Any]] = {
             "Pod": self.core.create_namespaced_pod,
@@ -85,7 +97,43 @@ class Kube:
             "Secret": self.core.create_namespaced_secret,
             "PodDisruptionBudget": self.policy.create_namespaced_pod_disruption_budget,
         }
-        await self._call(creators[kind], ns, manifest, ok=(409,))
+        try:
+            await asyncio.to_thread(creators[kind], ns, manifest)
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
+
+    def _child_calls(self, kind: str) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
+        """Read, patch and delete of a pool-level child kind."""
+        return {
+            "Service": (self.core.read_namespaced_service, self.core.patch_namespaced_service,
+                        self.core.delete_namespaced_service),
+            "Secret": (self.core.read_namespaced_secret, self.core.patch_namespaced_secret,
+                       self.core.delete_namespaced_secret),
+            "PodDisruptionBudget": (self.policy.read_namespaced_pod_disruption_budget,
+                                    self.policy.patch_namespaced_pod_disruption_budget,
+                                    self.policy.delete_namespaced_pod_disruption_budget),
+        }[kind]
+
+    async def read_child(self, kind: str, namespace: str, name: str) -> Manifest | None:
+        """One child as a wire-format manifest (kind included), or None when it does not exist."""
+        found = await self._call(self._child_calls(kind)[0], name, namespace, ok=(404,))
+        if found is None:
+            return None
+        wire = self.api.sanitize_for_serialization(found)  # type: ignore[no-untyped-call]
+        return {**cast(Manifest, wire), "kind": kind}
+
+    async def patch_child(self, kind: str, namespace: str, name: str, patch: Manifest) -> None:
+        """JSON merge patch (RFC 7386): lists such as Service ports are replaced, not merged by key."""
+        await asyncio.to_thread(self._child_calls(kind)[1], name, namespace, patch,
+                                _content_type="application/merge-patch+json")
+
+    async def delete_child(self, kind: str, namespace: str, name: str, uid: str) -> None:
+        """Delete bound to the UID; NotFound and a precondition mismatch mean it is already gone."""
+        options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid))
+        await self._call(self._child_calls(kind)[2], name, namespace, body=options, ok=(404, 409))
 
     async def delete_pod(self, namespace: str, name: str, uid: str, grace_seconds: int | None = None,
                          resource_version: str = "") -> None:
@@ -101,16 +149,6 @@ class Kube:
         """Merge-patch labels/annotations of one pod incarnation (UID precondition in the body)."""
         body = {"metadata": {"uid": uid, "labels": labels, "annotations": annotations}}
         await self._call(self.core.patch_namespaced_pod, name, namespace, body, ok=(404, 409, 422))
-
-    async def control_token(self, namespace: str, secret: str, build: Callable[[str], Manifest]) -> str:
-        """The pool's sidecar token, creating the Secret with a random one the first time."""
-        found = await self._call(self.core.read_namespaced_secret, secret, namespace, ok=(404,))
-        if found is None:
-            await self.create(build(secrets.token_urlsafe(32)))
-            found = await asyncio.to_thread(self.core.read_namespaced_secret, secret, namespace)
-
-        data = found.data or {}
-        return base64.b64decode(data.get("token", "")).decode()
 
     async def scale(self, namespace: str, name: str, replicas: int, resource_version: str) -> None:
         """Write spec.replicas through the scale subresource, the same path as kubectl scale and HPA.

@@ -12,14 +12,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from genrm_contract.sidecar import DrainRequest, Phase, UndrainRequest
+from kubernetes.client.exceptions import ApiException
 
 from ..api.pool import GenRMPoolSpec, GenRMPoolStatus
 from ..core import children
+from ..core.childrenplan import (
+    CHILD_FAILED,
+    ChildAction,
+    CreateChild,
+    DeleteChild,
+    ForeignChild,
+    PatchChild,
+    desired_children,
+    observed_token,
+    plan_children,
+    select_observed,
+)
 from ..core.model import (
     Action,
     CreatePod,
@@ -36,12 +50,11 @@ from ..core.names import (
     PUBLISHED_LABEL,
     VERIFICATION_ANNOTATION,
     VERIFICATION_MESSAGE_ANNOTATION,
-    secret_name,
 )
 from ..core.reconcile import reconcile
 from . import metrics
 from .autoscaler import PoolAutoscaler
-from .kube import Conflict, Kube, Manifest
+from .kube import Conflict, Kube, Manifest, api_message
 from .observe import pod_ip, pod_view
 from .sidecar import Endpoint, SidecarClient, compare
 
@@ -49,6 +62,9 @@ log = logging.getLogger(__name__)
 ACTIVE_RESYNC_SECONDS = 1.0
 IDLE_RESYNC_SECONDS = 10.0
 EVENT_DEDUP_SECONDS = 60.0
+REPORTED_CHILD_ERRORS = 10
+"""At most this many refusals go into the Degraded message and events: many pods refused for one
+reason would otherwise repeat it past the condition's message limit."""
 EventPoster = Callable[[Manifest, Event], Awaitable[None]]
 PodSource = Callable[[], list[Manifest]]
 """The pool's pods as the watch last showed them (kopf's pod index): no LIST per step.
@@ -56,14 +72,19 @@ PodSource = Callable[[], list[Manifest]]
 The index may lag the operator's own writes by an event; that is safe because pod
 names are deterministic (a repeated create is AlreadyExists) and every action is
 idempotent and bound to a pod UID."""
+ChildSource = Callable[[], list[Manifest]]
+"""The pool's Secret, Service and PodDisruptionBudget as the watches last showed them (kopf indexes)."""
 
 
 class PoolReconciler:
     """Reconciles one pool until its daemon is stopped."""
 
     def __init__(self, kube: Kube, sidecars: SidecarClient, post_event: EventPoster,
-                 namespace: str, name: str, pods: PodSource) -> None:
+                 namespace: str, name: str, pods: PodSource, children: ChildSource) -> None:
         self.kube, self.sidecars, self.post_event, self.pods = kube, sidecars, post_event, pods
+        self.children = children
+        self._action_errors: dict[Action, str] = {}
+        """The API server's refusals of the last step's actions, reported by the next step."""
         self.namespace, self.name = namespace, name
         self.wake = asyncio.Event()
         self._recent_events: dict[tuple[str, str], float] = {}
@@ -114,7 +135,8 @@ class PoolReconciler:
         meta = pool["metadata"]
         spec = GenRMPoolSpec.model_validate(pool.get("spec") or {})
         status = GenRMPoolStatus.model_validate(pool.get("status") or {})
-        await self.ensure_children(meta["uid"], spec)
+        child_errors = (*await self.reconcile_children(meta["uid"], spec),
+                        *self._action_errors.values())[:REPORTED_CHILD_ERRORS]
         pods = self.pods()
         endpoints = {
             p["metadata"]["name"]: Endpoint(ip, spec.gateway.port, spec.gateway.control_port, self._token or "")
@@ -123,7 +145,7 @@ class PoolReconciler:
         observed = Observed(
             name=self.name, generation=int(meta.get("generation", 0)), spec=spec, status=status,
             pods=tuple(pod_view(p) for p in pods), sidecars=await self.sidecars.states(endpoints),
-            now=time.time(),
+            now=time.time(), child_errors=child_errors,
         )
         plan = reconcile(observed)
         scaling = await self.autoscaler.turn(observed, endpoints)
@@ -135,20 +157,54 @@ class PoolReconciler:
         metrics.observe_finished(self.namespace, self.name,
                                  [h for h in plan.status.history if h not in status.history])
         metrics.observe_status(self.namespace, self.name, spec, plan.status)
-        for event in (*plan.events, *await self.autoscaler.actuate(scaling, version)):
+        failures = tuple(Event("Warning", CHILD_FAILED, message) for message in child_errors)
+        for event in (*plan.events, *failures, *await self.autoscaler.actuate(scaling, version)):
             await self.emit(pool, event)
+        self._action_errors = {}
         await asyncio.gather(*(self.carry_out(a, meta["uid"], spec, endpoints) for a in plan.actions))
         return plan.status.operation is not None or bool(plan.actions)
 
-    async def ensure_children(self, pool_uid: str, spec: GenRMPoolSpec) -> None:
-        """Secret (token), Service and PDB: created once, owned by the pool."""
-        ns, name = self.namespace, self.name
-        if self._token is None:
-            self._token = await self.kube.control_token(
-                ns, secret_name(name), lambda token: children.secret_manifest(name, pool_uid, ns, token))
-            await self.kube.create(children.service_manifest(name, pool_uid, ns, spec))
-            if spec.disruption_budget.enabled:
-                await self.kube.create(children.pdb_manifest(name, pool_uid, ns, spec))
+    async def reconcile_children(self, pool_uid: str, spec: GenRMPoolSpec) -> list[str]:
+        """Bring the Secret, Service and PDB to the spec, in order; returns the API server's refusals.
+
+        The token is the one the Secret holds; one this process made before stands in while the
+        watch has not shown the Secret yet, so a deleted Secret comes back with the token the
+        running replicas were started with.
+        """
+        observed = select_observed(self.name, self.children())
+        self._token = observed_token(observed.get("Secret")) or self._token or secrets.token_urlsafe(32)
+        desired = desired_children(self.name, pool_uid, self.namespace, spec, self._token)
+        refused = [await self.child_action(action, desired, pool_uid)
+                   for action in plan_children(desired, observed, pool_uid)]
+        return [message for message in refused if message]
+
+    async def child_action(self, action: ChildAction, desired: dict[str, Manifest], pool_uid: str) -> str | None:
+        """Carry out one child decision; returns why it could not be done (the API server's message).
+
+        A create that meets an object the watch did not show (its labels removed by hand) compares
+        against a fresh read instead."""
+        ns = self.namespace
+        try:
+            match action:
+                case CreateChild(manifest=manifest):
+                    kind, name = manifest["kind"], manifest["metadata"]["name"]
+                    created = await self.kube.create(manifest)
+                    if created or (found := await self.kube.read_child(kind, ns, name)) is None:
+                        return None
+                    if kind == "Secret":
+                        self._token = observed_token(found) or self._token
+                    for retry in plan_children({kind: desired[kind]}, {kind: found}, pool_uid):
+                        if message := await self.child_action(retry, desired, pool_uid):
+                            return message
+                case PatchChild(kind=kind, name=name, patch=patch):
+                    await self.kube.patch_child(kind, ns, name, patch)
+                case DeleteChild(kind=kind, name=name, uid=uid):
+                    await self.kube.delete_child(kind, ns, name, uid)
+                case ForeignChild():
+                    return action.message
+        except ApiException as exc:
+            return f"{_target(action)}: {api_message(exc)}"
+        return None
 
     async def emit(self, pool: Manifest, event: Event) -> None:
         """Post an event unless the same one was posted within the dedup window."""
@@ -184,6 +240,9 @@ class PoolReconciler:
                                       endpoints.get(reference) if reference else None)
                 case _:
                     log.debug("skipped %s: no endpoint yet (retried next step)", action)
+        except ApiException as exc:
+            self._action_errors[action] = f"{_target(action)}: {api_message(exc)}"
+            log.warning("action %s on %s/%s refused: %s", action, ns, self.name, api_message(exc))
         except Exception:
             log.exception("action %s on %s/%s failed", action, ns, self.name)
 
@@ -199,3 +258,14 @@ class PoolReconciler:
             VERIFICATION_ANNOTATION: "passed" if passed else "failed",
             VERIFICATION_MESSAGE_ANNOTATION: message,
         })
+
+
+def _target(action: Action | ChildAction) -> str:
+    """``Pod judge-3`` or ``Service judge``: which child an error message is about."""
+    match action:
+        case CreateChild(manifest=manifest):
+            return f"{manifest['kind']} {manifest['metadata']['name']}"
+        case PatchChild(kind=kind, name=name) | DeleteChild(kind=kind, name=name) | ForeignChild(kind=kind, name=name):
+            return f"{kind} {name}"
+        case _:
+            return f"Pod {action.name}"
