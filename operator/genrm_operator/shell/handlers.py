@@ -22,6 +22,9 @@ from .sidecar import SidecarClient
 
 log = logging.getLogger(__name__)
 RECONCILERS: dict[tuple[str, str], PoolReconciler] = {}
+CHILD_RESOURCES = [("", "v1", "pods"), ("", "v1", "services"), ("", "v1", "secrets"),
+                   ("policy", "v1", "poddisruptionbudgets")]
+"""(group, version, plural) of the children the operator watches."""
 
 
 @kopf.on.startup()
@@ -37,6 +40,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.client_timeout = 90
     settings.peering.standalone = True
     settings.scanning.disabled = True
+    # kopf filters handlers by labels on its side: without a selector the API server would stream
+    # every pod and Secret in scope to the operator. Children carry the pool label; ask for it there.
+    for resource in CHILD_RESOURCES:
+        settings.watching.label_selectors[resource] = POOL_LABEL
     load_config()
     memo.kube = Kube()
     memo.sidecars = SidecarClient()
