@@ -94,9 +94,13 @@ class Gateway:
                 return
 
     async def _retire_idle(self) -> None:
-        """During a drain, keep closing keep-alive connections as they turn idle."""
+        """During a drain, or while the engine is unreachable, keep closing keep-alive connections
+        as they turn idle: a client's next request then opens a new connection, which the Service
+        sends to a replica that can answer, instead of meeting a refusal on a kept-alive one."""
         while True:
             await asyncio.sleep(_RETIRE_EVERY_SECONDS)
             state = self.drain.state
             if state is not DrainState.SERVING:
                 self.connections.retire(state)
+            elif not self.engine.up:
+                self.connections.retire(DrainState.FENCED)
