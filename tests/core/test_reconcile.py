@@ -349,6 +349,18 @@ def test_the_scale_in_chooses_the_least_busy_newest_serving_replicas() -> None:
 # ----- drain timeout --------------------------------------------------------------------------
 
 
+def test_a_victim_still_published_after_a_crash_is_unpublished_again_before_any_fence() -> None:
+    """The operator died between recording the victim and patching its label: however long ago
+    that was, the fence waits for a whole propagation window after the pod is seen unpublished."""
+    victim = {"name": "judge-1", "uid": "uid-judge-1", "unpublishedAt": to_rfc3339(NOW - 60)}
+    pods = [serving_pod("judge-0"), serving_pod("judge-1")]  # still published
+    plan = reconcile(observe(make_spec(1), pods, None, scale_in([victim], phase="Unpublishing")))
+    assert SetPublished("judge-1", "uid-judge-1", False) in plan.actions
+    assert not [a for a in plan.actions if isinstance(a, Drain) and a.phase == "fence"]
+    op = plan.status.operation
+    assert op is not None and op.phase == "Unpublishing" and op.victims[0].unpublished_at == to_rfc3339(NOW)
+
+
 def timed_out(on_timeout: str) -> Plan:
     spec = make_spec(1, drain={"onTimeout": on_timeout})
     victim = {"name": "judge-1", "uid": "uid-judge-1", "unpublishedAt": to_rfc3339(NOW - 60),

@@ -406,8 +406,10 @@ class _Step:
             return v, "Removing", ""
         did = drain_id(pod.uid)
         state = r.sidecar.state if r.sidecar is not None else None
-        if v.unpublished_at is None or self.now - from_rfc3339(v.unpublished_at) < propagation:
-            if v.unpublished_at is None:
+        if pod.published or v.unpublished_at is None or self.now - from_rfc3339(v.unpublished_at) < propagation:
+            if pod.published or v.unpublished_at is None:
+                # The propagation window counts from the last time the pod was seen published: an
+                # unpublish lost to an operator crash must not let the fence come before it.
                 v = v.model_copy(update={"unpublished_at": to_rfc3339(self.now)})
             if pod.published:
                 self.act(SetPublished(pod.name, pod.uid, False))
