@@ -423,6 +423,20 @@ def bad_pod(name: str, uid: str, now: float, reason: str) -> PodView:
 
 
 @pytest.mark.parametrize("reason", ["ReplicaCrashed", "ReplicaFailed", "StartupTimeout"])
+def test_the_scale_out_ends_partial_even_when_the_failed_replica_is_already_terminating(reason: str) -> None:
+    """A never-served failure is deleted at once, so the next step sees it Terminating, not Failed."""
+    spec = make_spec(2)
+    first = reconcile(observe(spec, [serving_pod("judge-0")], now=NOW - 1))
+    bad = bad_pod("judge-1", "uid-1", NOW, reason)
+    plan = reconcile(observe(spec, [serving_pod("judge-0"), bad], status=first.status))
+    going = PodView(**{**bad.__dict__, "deleting": True})
+    seen = PodView("judge-2", "uid-2", NOW + 1)
+    plan = reconcile(observe(spec, [serving_pod("judge-0"), going, seen], status=plan.status, now=NOW + 1))
+    assert plan.status.history and (plan.status.history[-1].outcome, plan.status.history[-1].reason) == (
+        "Partial", reason)
+
+
+@pytest.mark.parametrize("reason", ["ReplicaCrashed", "ReplicaFailed", "StartupTimeout"])
 def test_failed_crashed_and_late_replicas_are_replaced_and_the_scale_out_ends_partial(reason: str) -> None:
     spec = make_spec(2)
     first = reconcile(observe(spec, [serving_pod("judge-0")], now=NOW - 1))

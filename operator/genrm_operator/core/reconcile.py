@@ -287,7 +287,10 @@ class _Step:
         verifying = self.publish_or_verify()
 
         added_names = {a.name for a in op.added_pods}
-        failed = [r for r in self.role(Role.FAILED) if r.pod.name in added_names]
+        # Failed, or already being deleted for failing (a never-served one goes at once): either way
+        # this operation ends Partial once its replacement's create has been seen.
+        failed = [r for r in self.replicas if r.pod.name in added_names and r.failure
+                  and r.role in (Role.FAILED, Role.TERMINATING)]
         inconsistent = [r for r in self.role(Role.STARTING) if r.pod.verification == "failed"]
         waiting = [r for r in self.role(Role.STARTING) if r.pod.verification != "failed"]
         if serving >= op.to:
