@@ -39,7 +39,8 @@ class Gateway:
         self.pool = EnginePool(config.engine)
         self.engine = EngineMonitor(self.pool, config.engine_poll_seconds)
         self.connections = Connections(config.port, config.limits, self._refused)
-        self.drain = DrainController(self.admission, self.engine, config.quiet_seconds, self.connections.retire)
+        self.drain = DrainController(self.admission, self.engine, config.quiet_seconds, config.propagation_seconds,
+                                     self.connections.retire)
         self.metrics = GatewayMetrics(self.admission, self.drain, self.engine, self.connections)
         self._proxy = Proxy(self.admission, self.drain, self.engine, self.pool, self.metrics, config.limits)
         self._control = create_control_app(self.admission, self.drain, self.engine, self.metrics)

@@ -24,17 +24,23 @@ class DrainConflict(Exception):
 
 class DrainController:
     def __init__(self, admission: Admission, engine: EngineMonitor, quiet_seconds: float,
+                 propagation_seconds: float,
                  on_transition: Callable[[DrainState], None] = lambda state: None) -> None:
         self._admission = admission
         self._engine = engine
         self._state = DrainState.SERVING
         self._on_transition = on_transition
+        self._fence_at: float | None = None
         self.drain_id: str | None = None
         self.quiet_seconds = quiet_seconds
+        self.propagation_seconds = propagation_seconds
 
     @property
     def state(self) -> DrainState:
-        """The current state; Fenced turns into Drained (for good) once the quiet period held."""
+        """The current state; a deferred fence comes due, and Fenced turns into Drained (for good)
+        once the quiet period held."""
+        if self._state is DrainState.SOFT_DRAIN and self._fence_at is not None and time.monotonic() >= self._fence_at:
+            self._fence()
         if self._state is DrainState.FENCED:
             idle = self.idle_seconds()
             if idle is not None and idle >= self.quiet_seconds:
@@ -55,11 +61,21 @@ class DrainController:
         if quiet_seconds is not None:
             self.quiet_seconds = quiet_seconds
         self.drain_id = drain_id
-        if phase is Phase.FENCE and state in (DrainState.SERVING, DrainState.SOFT_DRAIN):
-            self._admission.open = False
-            self._enter(DrainState.FENCED)
+        if phase is Phase.FENCE and state is DrainState.SERVING:
+            # A fence with no soft drain before it (a crashed replica being retired): clients on
+            # kept-alive connections are sent elsewhere first, for the propagation window, as a
+            # soft drain would; the fence follows by itself.
+            self._fence_at = time.monotonic() + self.propagation_seconds
+            self._enter(DrainState.SOFT_DRAIN)
+        elif phase is Phase.FENCE and state is DrainState.SOFT_DRAIN and self._fence_at is None:
+            self._fence()
         elif phase is Phase.SOFT and state is DrainState.SERVING:
             self._enter(DrainState.SOFT_DRAIN)
+
+    def _fence(self) -> None:
+        self._fence_at = None
+        self._admission.open = False
+        self._enter(DrainState.FENCED)
 
     def undrain(self, drain_id: str) -> None:
         state = self.state
@@ -71,6 +87,7 @@ class DrainController:
             raise DrainConflict(f"the drain in progress has drain id {self.drain_id!r}")
         self._admission.open = True
         self.drain_id = None
+        self._fence_at = None
         self._enter(DrainState.SERVING)
 
     def _enter(self, state: DrainState) -> None:

@@ -89,6 +89,7 @@ class EngineMonitor:
         self._task: asyncio.Task[None] | None = None
         self._recheck = asyncio.Event()
         self._timeouts = 0
+        self._up = asyncio.Event()
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._run())
@@ -107,9 +108,11 @@ class EngineMonitor:
         try:
             status, _ = await self._pool.request("GET", "/ready", limit_seconds=max(self._interval, 2.0))
             self.up, self.healthy, self._timeouts = True, status == 200, 0
+            self._up.set()
             self.load = await self._fetch_load()
         except EngineError:
             self.up = self.healthy = False
+            self._up.clear()
             self.load = EngineLoad()
         except TimeoutError:
             self._timeouts += 1
@@ -139,7 +142,17 @@ class EngineMonitor:
     def mark_down(self) -> None:
         """The engine refused a connection: unready now, not at the next poll (which brings it back)."""
         self.up = self.healthy = False
+        self._up.clear()
         self._recheck.set()
+
+    async def wait_up(self, seconds: float) -> bool:
+        """Whether the engine answers again within ``seconds`` (a restarted container often does)."""
+        try:
+            async with asyncio.timeout(seconds):
+                await self._up.wait()
+        except TimeoutError:
+            return False
+        return True
 
     def recheck(self) -> None:
         """An engine connection broke under a request: poll now instead of at the next interval."""

@@ -111,9 +111,7 @@ class Proxy:
             return
         code = 500
         try:
-            if not self._engine.up:
-                raise Refusal(503, Reason.ENGINE_UNAVAILABLE, "the engine is not reachable; retry on another replica",
-                              (RETRY_AFTER,), close=True)
+            await self._engine_or_refuse()
             code = await self._exchange(route, scope, receive, send)
         except Refusal as refusal:
             code = refusal.code
@@ -122,6 +120,14 @@ class Proxy:
         finally:
             self._admission.release()
             self._metrics.observe(route.name, code, time.perf_counter() - started)
+
+    async def _engine_or_refuse(self) -> None:
+        """Go on once the engine answers. A request that finds it unreachable waits a few seconds
+        (a crashed engine's container is often back by then, and the request then costs latency,
+        not a failure); past that it is refused with a retryable 503 that closes the connection."""
+        if not self._engine.up and not await self._engine.wait_up(self._limits.engine_wait_seconds):
+            raise Refusal(503, Reason.ENGINE_UNAVAILABLE, "the engine is not reachable; retry on another replica",
+                          (RETRY_AFTER,), close=True)
 
     async def _refuse(self, send: Send, route: ProxiedRoute, refusal: Refusal) -> None:
         self._metrics.refused(refusal.reason)
@@ -160,7 +166,13 @@ class Proxy:
         exchange = Exchange(self._limits.stream_buffer_bytes)
         watcher = _DisconnectWatcher(receive, exchange)
         try:
-            await self._pool.send(exchange, data)
+            try:
+                await self._pool.send(exchange, data)
+            except EngineUnavailable:  # nothing was sent: wait for the engine, then try once more
+                self._engine.mark_down()
+                await self._engine_or_refuse()
+                exchange.rearm()
+                await self._pool.send(exchange, data)
             await self._respond(exchange, scope, send, request_id)
             return exchange.status
         except ClientGone:

@@ -42,8 +42,14 @@ def test_drain_ids_are_idempotent_and_exclusive(fresh: Stack) -> None:
     assert undrained.status_code == 200 and undrained.json()["state"] == "Serving"
     assert httpx.post(f"{fresh.control}/v1/undrain", headers=AUTH, json={"drainId": "any"}).status_code == 200
     assert "x-genrm-draining" not in httpx.post(f"{fresh.url}/generate", json={"text": "x"}).headers
+    # A fence with no soft drain before it soft-drains first, for the propagation window (0.2 s here).
     fenced = fresh.drain("op-3/pod", "fence", quietSeconds=0.1)
-    assert fenced.status_code == 200 and fenced.json()["state"] in ("Fenced", "Drained")
+    assert fenced.status_code == 200 and fenced.json()["state"] == "SoftDrain"
+    assert fresh.drain("op-3/pod", "fence").json()["state"] == "SoftDrain"  # a repeated call does not rush it
+    served = httpx.post(f"{fresh.url}/generate", json={"text": "x"})
+    assert served.status_code == 200 and served.headers["connection"] == "close"
+    time.sleep(0.3)
+    assert fresh.state()["state"] in ("Fenced", "Drained")
     refused = httpx.post(f"{fresh.url}/generate", json={"text": "x"})
     assert refused.status_code == 503
     assert refused.headers["retry-after"] == "1" and refused.headers["x-genrm-reason"] == "draining"

@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 from conftest import Stack, gateway_stack
+from genrm_sim.testing import run_sim
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -164,3 +165,24 @@ def test_a_reward_model_scores_a_batch_through_the_gateway() -> None:
         assert scores == pytest.approx([a["embedding"][0] for a in direct.json()], rel=1e-3)
         openai_style = httpx.post(f"{stack.url}/v1/classify", json={"input": ["a", "b"], "model": "judge-sim"})
         assert openai_style.status_code == 200, openai_style.text
+
+
+def test_a_request_that_finds_the_engine_restarting_waits_for_it_instead_of_failing() -> None:
+    with gateway_stack("--engine-wait-seconds", "10", sim_args=("--sim-ttft-ms", "0")) as stack:
+        port = stack.sim.port
+        stack.sim.process.kill()
+        stack.sim.process.wait()
+        deadline = time.monotonic() + 5
+        while httpx.get(f"{stack.control}/healthz/ready").status_code == 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+        async def scenario() -> httpx.Response:
+            async with httpx.AsyncClient(timeout=20) as client:
+                waiting = asyncio.ensure_future(client.post(f"{stack.url}/generate", json={"text": "x"}))
+                await asyncio.sleep(1.0)
+                assert not waiting.done()
+                with run_sim("--random-seed", "3", "--port", str(port), ready_path=None):
+                    return await waiting
+
+        response = asyncio.run(scenario())
+        assert response.status_code == 200

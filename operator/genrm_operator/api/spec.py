@@ -131,6 +131,8 @@ class GatewayLimits(ApiModel):
     """A client that reads nothing of its response this long is disconnected and its request aborted."""
     keep_alive_seconds: float = Field(75.0, gt=0, le=3600)
     """Idle keep-alive client connections are closed after this."""
+    engine_wait_seconds: float = Field(5.0, ge=0, le=600)
+    """A request that finds the engine unreachable waits this long for it to come back before a retryable 503."""
 
 
 class GatewaySpec(ApiModel):
