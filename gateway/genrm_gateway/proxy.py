@@ -134,8 +134,9 @@ class Proxy:
         self._metrics.observe(route.name, refusal.code, 0.0)
         await send_error(send, refusal.code, refusal.reason, str(refusal), refusal.headers)
 
-    def _forwarded(self, scope: Scope) -> tuple[list[tuple[bytes, bytes]], bytes | None, int]:
-        """The client headers the engine gets, the client's request id and the declared length."""
+    def _forwarded(self, scope: Scope) -> tuple[list[tuple[bytes, bytes]], bytes | None]:
+        """The client headers the engine gets and the client's request id; a declared body over
+        the limit is refused before it is read."""
         forwarded: list[tuple[bytes, bytes]] = []
         given: bytes | None = None
         declared = 0
@@ -148,11 +149,11 @@ class Proxy:
                 declared = int(value)  # llhttp accepted it: digits only, one header
         if declared > self._limits.max_body_bytes:
             raise Refusal(413, "bodyTooLarge", f"the body exceeds {self._limits.max_body_bytes} bytes", close=True)
-        return forwarded, given, declared
+        return forwarded, given
 
     async def _exchange(self, route: ProxiedRoute, scope: Scope, receive: Receive, send: Send) -> int:
         """Forward one admitted request; returns the status code for the metrics."""
-        forwarded, given, _ = self._forwarded(scope)
+        forwarded, given = self._forwarded(scope)
         abort_rid: str | None = None
         if route.has_body:
             body, abort_rid, request_id = engine_body(await self._read_body(receive), self._limits, self._ids)
