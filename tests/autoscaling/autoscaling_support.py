@@ -126,4 +126,4 @@ def flaps(decisions: Iterable[Decision]) -> int:
 def condition(decision: Decision, kind: str) -> tuple[bool, str]:
     """(status, reason) of one of the decision's conditions."""
     found = next(c for c in decision.conditions if c.type == kind)
-    return found.status, found.reason
+    return found.status == "True", found.reason

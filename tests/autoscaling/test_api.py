@@ -9,10 +9,9 @@ from genrm_operator.api.autoscaling import (
     AutoscalerStatus,
     AutoscalingSpec,
     format_quantity,
-    format_time,
-    parse_time,
     quantity_value,
 )
+from genrm_operator.api.base import format_time, parse_time
 from pydantic import ValidationError
 
 INFLIGHT = {"type": "InFlight", "target": {"averageValue": "8"}}

@@ -31,7 +31,7 @@ import pytest
 from genrm_operator.api.pool import GenRMPoolSpec, GenRMPoolStatus
 from genrm_operator.api.status import HISTORY_LIMIT, HistoryEntry, Operation
 from genrm_operator.core.classify import Replica, Role, classify
-from genrm_operator.core.clock import to_rfc3339
+from genrm_operator.core.clock import stamp
 from genrm_operator.core.conditions import find
 from genrm_operator.core.model import (
     CreatePod,
@@ -93,7 +93,7 @@ def observe(spec: GenRMPoolSpec, pods: list[PodView], sidecars: dict[str, Sideca
 def scale_in(victims: list[dict[str, Any]], to: int = 1, phase: str = "Draining", **status: Any) -> GenRMPoolStatus:
     op = Operation.model_validate({
         "id": "op-7", "type": "ScaleIn", "from": 2, "to": to, "phase": phase,
-        "startedAt": to_rfc3339(NOW - 100), "lastTransitionTime": to_rfc3339(NOW - 50), "victims": victims,
+        "startedAt": stamp(NOW - 100), "lastTransitionTime": stamp(NOW - 50), "victims": victims,
     })
     return GenRMPoolStatus.model_validate({"nextOrdinal": 9, "operationCount": 7, **status}).model_copy(
         update={"operation": op})
@@ -240,8 +240,8 @@ def test_a_victim_published_after_it_was_chosen_is_drained_rather_than_deleted()
 
 def test_a_victim_is_deleted_only_once_its_sidecar_reports_drained() -> None:
     spec = make_spec(1)
-    victim = {"name": "judge-1", "uid": "uid-judge-1", "unpublishedAt": to_rfc3339(NOW - 20),
-              "fencedAt": to_rfc3339(NOW - 10)}
+    victim = {"name": "judge-1", "uid": "uid-judge-1", "unpublishedAt": stamp(NOW - 20),
+              "fencedAt": stamp(NOW - 10)}
     pods = [serving_pod("judge-0"), serving_pod("judge-1", published=False)]
     for state, inflight in (("Fenced", 0), ("Fenced", 2), ("SoftDrain", 0)):
         sidecars = {"judge-0": serving_sidecar(), "judge-1": serving_sidecar(state=state, inflight=inflight)}
@@ -251,14 +251,14 @@ def test_a_victim_is_deleted_only_once_its_sidecar_reports_drained() -> None:
     plan = reconcile(observe(spec, pods, sidecars, scale_in([victim])))
     assert names(plan, DeletePod) == ["judge-1"]
     assert plan.status.operation is not None and plan.status.operation.phase == "Removing"
-    assert plan.status.operation.victims[0].drained_at == to_rfc3339(NOW)
+    assert plan.status.operation.victims[0].drained_at == stamp(NOW)
 
 
 @pytest.mark.parametrize("on_timeout", ["Fail", "Force"])
 def test_an_unreachable_sidecar_never_counts_as_drained(on_timeout: str) -> None:
     spec = make_spec(1, drain={"onTimeout": on_timeout})
-    victim = {"name": "judge-1", "uid": "uid-judge-1", "unpublishedAt": to_rfc3339(NOW - 20),
-              "fencedAt": to_rfc3339(NOW - 10)}
+    victim = {"name": "judge-1", "uid": "uid-judge-1", "unpublishedAt": stamp(NOW - 20),
+              "fencedAt": stamp(NOW - 10)}
     pods = [serving_pod("judge-0"), serving_pod("judge-1", published=False)]
     sidecars: dict[str, SidecarView | None] = {"judge-0": serving_sidecar(), "judge-1": None}
     plan = reconcile(observe(spec, pods, sidecars, scale_in([victim])))
@@ -278,7 +278,7 @@ def test_scaling_back_out_rescues_soft_drained_and_fenced_victims_before_creatin
     sidecars = {"judge-0": serving_sidecar(), "judge-1": serving_sidecar(state="SoftDrain", inflight=1),
                 "judge-2": serving_sidecar(state="Fenced", inflight=2),
                 "judge-3": serving_sidecar(state="Fenced")}
-    victims = [{"name": n, "uid": f"uid-{n}", "unpublishedAt": to_rfc3339(NOW - 5)}
+    victims = [{"name": n, "uid": f"uid-{n}", "unpublishedAt": stamp(NOW - 5)}
                for n in ("judge-1", "judge-2", "judge-3")]
     plan = reconcile(observe(spec, pods, sidecars, scale_in(victims, to=1, phase="Fencing")))
     assert plan.status.history[-1].outcome == "Superseded"
@@ -352,19 +352,19 @@ def test_the_scale_in_chooses_the_least_busy_newest_serving_replicas() -> None:
 def test_a_victim_still_published_after_a_crash_is_unpublished_again_before_any_fence() -> None:
     """The operator died between recording the victim and patching its label: however long ago
     that was, the fence waits for a whole propagation window after the pod is seen unpublished."""
-    victim = {"name": "judge-1", "uid": "uid-judge-1", "unpublishedAt": to_rfc3339(NOW - 60)}
+    victim = {"name": "judge-1", "uid": "uid-judge-1", "unpublishedAt": stamp(NOW - 60)}
     pods = [serving_pod("judge-0"), serving_pod("judge-1")]  # still published
     plan = reconcile(observe(make_spec(1), pods, None, scale_in([victim], phase="Unpublishing")))
     assert SetPublished("judge-1", "uid-judge-1", False) in plan.actions
     assert not [a for a in plan.actions if isinstance(a, Drain) and a.phase == "fence"]
     op = plan.status.operation
-    assert op is not None and op.phase == "Unpublishing" and op.victims[0].unpublished_at == to_rfc3339(NOW)
+    assert op is not None and op.phase == "Unpublishing" and op.victims[0].unpublished_at == stamp(NOW)
 
 
 def timed_out(on_timeout: str) -> Plan:
     spec = make_spec(1, drain={"onTimeout": on_timeout})
-    victim = {"name": "judge-1", "uid": "uid-judge-1", "unpublishedAt": to_rfc3339(NOW - 60),
-              "fencedAt": to_rfc3339(NOW - 31)}
+    victim = {"name": "judge-1", "uid": "uid-judge-1", "unpublishedAt": stamp(NOW - 60),
+              "fencedAt": stamp(NOW - 31)}
     pods = [serving_pod("judge-0"), serving_pod("judge-1", published=False)]
     sidecars = {"judge-0": serving_sidecar(), "judge-1": serving_sidecar(state="Fenced", inflight=2)}
     return reconcile(observe(spec, pods, sidecars, scale_in([victim])))
@@ -389,7 +389,7 @@ def test_a_drain_timeout_under_force_deletes_the_victim_and_records_it() -> None
     assert plan.actions[-1] == DeletePod("judge-1", "uid-judge-1")
     op = plan.status.operation
     assert op is not None and op.phase == "Removing"
-    assert op.victims[0].forced and op.victims[0].drained_at == to_rfc3339(NOW)
+    assert op.victims[0].forced and op.victims[0].drained_at == stamp(NOW)
     assert (plan.events[0].type, plan.events[0].reason) == ("Warning", "DrainForced")
     gone = reconcile(observe(make_spec(1, drain={"onTimeout": "Force"}), [serving_pod("judge-0")],
                              status=plan.status, now=NOW + 1))
@@ -490,8 +490,8 @@ def test_a_crashed_replica_still_holding_requests_is_fenced_and_deleted_only_whe
 
 def finished(outcome: str, at: float) -> HistoryEntry:
     return HistoryEntry.model_validate({
-        "id": "op-1", "type": "ScaleOut", "from": 0, "to": 1, "outcome": outcome, "startedAt": to_rfc3339(at),
-        "finishedAt": to_rfc3339(at), "durationSeconds": 0,
+        "id": "op-1", "type": "ScaleOut", "from": 0, "to": 1, "outcome": outcome, "startedAt": stamp(at),
+        "finishedAt": stamp(at), "durationSeconds": 0,
     })
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from genrm_operator.core.clock import from_rfc3339
+from genrm_operator.api.base import parse_time
 from genrm_operator.shell.observe import pod_ip, pod_view
 
 UNSCHEDULABLE = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu. preemption: 0/4 nodes are available."
@@ -47,7 +47,7 @@ def running_pod(**meta: Any) -> dict[str, Any]:
 def test_a_running_published_verified_pod_is_seen_as_such() -> None:
     view = pod_view(running_pod())
     assert (view.name, view.uid) == ("judge-3", "0f6f1d9e-3c1b-4f5e-9a77-2b1c3d4e5f60")
-    assert view.created_at == from_rfc3339("2026-03-01T12:00:05Z")
+    assert view.created_at == parse_time("2026-03-01T12:00:05Z").timestamp()
     assert view.phase == "Running" and view.ready and view.published and view.ever_published
     assert view.verification == "passed" and view.verification_message.startswith("3 probes")
     assert not view.deleting and view.unschedulable == "" and view.restarts == 0

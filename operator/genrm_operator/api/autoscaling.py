@@ -21,12 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from .base import ApiModel, cel, validations
+from .base import ApiModel, Timestamp, cel, validations
 
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?m?$"
 Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=32)]
@@ -63,23 +62,6 @@ def format_quantity(value: float) -> str:
     """A number as a :data:`Quantity` string with at most three decimals (for status)."""
     text = f"{max(value, 0.0):.3f}".rstrip("0").rstrip(".")
     return text or "0"
-
-
-def format_time(moment: datetime) -> str:
-    """RFC 3339 in UTC, with milliseconds only when they are not zero.
-
-    Milliseconds matter: with a 2-second interval a window edge truncated to whole
-    seconds would let a restart change which recommendations are inside the window.
-    """
-    moment = moment.astimezone(UTC)
-    if moment.microsecond:
-        return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(text: str) -> datetime:
-    """Inverse of :func:`format_time` (accepts any RFC 3339 offset)."""
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 @dataclass(frozen=True)
@@ -361,7 +343,7 @@ class AutoscalingSpec(ApiModel):
 class TimedReplicas(ApiModel):
     """A raw recommendation, kept for stabilization."""
 
-    time: str
+    time: Timestamp
     """When it was made (RFC 3339)."""
     replicas: int = Field(ge=0)
     """Replicas recommended."""
@@ -370,7 +352,7 @@ class TimedReplicas(ApiModel):
 class ScaleEvent(ApiModel):
     """A change the autoscaler applied, kept for the rate policies' look-back."""
 
-    time: str
+    time: Timestamp
     """When it was applied (RFC 3339)."""
     change: int
     """Replicas added (positive) or removed (negative)."""
@@ -394,7 +376,7 @@ class DecisionRecord(ApiModel):
 
     id: int = Field(ge=1)
     """Sequence number, increasing over the pool's life (also in the Event's message)."""
-    time: str
+    time: Timestamp
     """When it was made (RFC 3339)."""
     current_replicas: int = Field(ge=0)
     """spec.replicas when deciding."""
@@ -417,11 +399,11 @@ class AutoscalerStatus(ApiModel):
 
     desired_replicas: int | None = Field(None, ge=0)
     """The last decision's outcome."""
-    last_scale_time: str | None = None
+    last_scale_time: Timestamp | None = None
     """When the autoscaler last changed spec.replicas (RFC 3339)."""
     consecutive_failures: int = Field(0, ge=0)
     """Intervals in a row with every driving metric failed (compared with fallback.failureThreshold)."""
-    panic_until: str | None = None
+    panic_until: Timestamp | None = None
     """Panic mode lasts until this time (RFC 3339); unset when not panicking."""
     recommendations: tuple[TimedReplicas, ...] = Field((), max_length=MAX_RECOMMENDATIONS)
     """Raw recommendations inside the longest stabilization window (persisted so a restart keeps it)."""

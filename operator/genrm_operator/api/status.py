@@ -8,36 +8,126 @@ history. An operator restart resumes from here.
 
 from __future__ import annotations
 
-from typing import Literal
+from enum import StrEnum
+from typing import Annotated, Literal, Self
 
-from pydantic import Field
+from pydantic import Field, WithJsonSchema, model_validator
 
-from .base import ApiModel
+from .base import ApiModel, Timestamp
 
-OperationType = Literal["ScaleOut", "ScaleIn"]
-ScaleOutPhase = Literal["Pending", "Provisioning", "Verifying"]
-ScaleInPhase = Literal["Pending", "Unpublishing", "Fencing", "Draining", "Removing"]
-TerminalPhase = Literal["Succeeded", "Partial", "Failed", "Superseded"]
-Phase = Literal[
-    "Pending", "Provisioning", "Verifying", "Unpublishing", "Fencing", "Draining", "Removing",
-    "Succeeded", "Partial", "Failed", "Superseded",
-]
-TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Partial", "Failed", "Superseded"})
 HISTORY_LIMIT = 10
+
+
+class OperationType(StrEnum):
+    """What a scale operation does."""
+
+    SCALE_OUT = "ScaleOut"
+    SCALE_IN = "ScaleIn"
+
+
+class Phase(StrEnum):
+    """Phases of the scale-operation state machine (README: "The scale-operation state machine")."""
+
+    PENDING = "Pending"
+    PROVISIONING = "Provisioning"
+    VERIFYING = "Verifying"
+    UNPUBLISHING = "Unpublishing"
+    FENCING = "Fencing"
+    DRAINING = "Draining"
+    REMOVING = "Removing"
+    SUCCEEDED = "Succeeded"
+    PARTIAL = "Partial"
+    FAILED = "Failed"
+    SUPERSEDED = "Superseded"
+
+
+SCALE_OUT_PHASES = frozenset({Phase.PENDING, Phase.PROVISIONING, Phase.VERIFYING})
+SCALE_IN_PHASES = frozenset({Phase.PENDING, Phase.UNPUBLISHING, Phase.FENCING, Phase.DRAINING, Phase.REMOVING})
+TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.PARTIAL, Phase.FAILED, Phase.SUPERSEDED})
+ACTIVE_PHASES = {OperationType.SCALE_OUT: SCALE_OUT_PHASES, OperationType.SCALE_IN: SCALE_IN_PHASES}
+"""The phases an active operation of each type may be in; a finished one is in history with a terminal phase."""
+Outcome = Literal[Phase.SUCCEEDED, Phase.PARTIAL, Phase.FAILED, Phase.SUPERSEDED]
+"""How an operation ended: one of :data:`TERMINAL_PHASES`."""
+
+
+class ConditionType(StrEnum):
+    """Every condition the operator sets on a pool (KubeRay's ``RayClusterConditionType`` constants)."""
+
+    AVAILABLE = "Available"
+    """Some replica serves (or none is wanted)."""
+    PROGRESSING = "Progressing"
+    """A scale operation runs."""
+    DEGRADED = "Degraded"
+    """Something needs a human: a failed replica or child, an operation that fell short."""
+    SCALING_ACTIVE = "ScalingActive"
+    """The autoscaler has a usable signal (HPA's condition)."""
+    ABLE_TO_SCALE = "AbleToScale"
+    """The autoscaler's recommendation is applied as computed, or was stabilized (HPA's condition)."""
+    SCALING_LIMITED = "ScalingLimited"
+    """The autoscaler's count was clamped by a bound, a rate policy or a hold (HPA's condition)."""
+    AUTOSCALER_OVERRIDDEN = "AutoscalerOverridden"
+    """Another writer set spec.replicas and the autoscaler adopted it."""
+
+
+AUTOSCALER_CONDITIONS = frozenset({
+    ConditionType.SCALING_ACTIVE, ConditionType.ABLE_TO_SCALE, ConditionType.SCALING_LIMITED,
+    ConditionType.AUTOSCALER_OVERRIDDEN,
+})
+"""Conditions present only while the autoscaler is on (mode Advisory or Auto; Overridden only in Auto)."""
+
+
+class ConditionStatus(StrEnum):
+    """Whether a condition holds (metav1.ConditionStatus)."""
+
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Reason(StrEnum):
+    """CamelCase reasons of the state machine's conditions, outcomes and events.
+
+    The autoscaler's limiter reasons (``ScaleUpStabilized``, ``TooManyReplicas``, ...) are the
+    control law's vocabulary and live with it in :mod:`genrm_operator.autoscaling.decide`.
+    """
+
+    SCALED_TO_ZERO = "ScaledToZero"
+    REPLICAS_SERVING = "ReplicasServing"
+    NO_SERVING_REPLICAS = "NoServingReplicas"
+    SCALING_OUT = "ScalingOut"
+    SCALING_IN = "ScalingIn"
+    AT_TARGET = "AtTarget"
+    WAITING = "Waiting"
+    AS_EXPECTED = "AsExpected"
+    OPERATION_FAILED = "OperationFailed"
+    TARGET_REACHED = "TargetReached"
+    TARGET_CHANGED = "TargetChanged"
+    DRAIN_TIMEOUT = "DrainTimeout"
+    BACK_OFF = "BackOff"
+    UNSCHEDULABLE = "Unschedulable"
+    REPLICA_FAILED = "ReplicaFailed"
+    REPLICA_CRASHED = "ReplicaCrashed"
+    STARTUP_TIMEOUT = "StartupTimeout"
+    REPLICA_INCONSISTENT = "ReplicaInconsistent"
+    VALID_METRIC_FOUND = "ValidMetricFound"
+    READY_FOR_NEW_SCALE = "ReadyForNewScale"
+    DESIRED_WITHIN_RANGE = "DesiredWithinRange"
+    EXTERNAL_WRITE = "ExternalWrite"
+    AUTOSCALER_IN_CHARGE = "AutoscalerInCharge"
 
 
 class Condition(ApiModel):
     """Standard Kubernetes condition (metav1.Condition shape)."""
 
-    type: str = Field(max_length=316)
+    type: Annotated[ConditionType, WithJsonSchema({"type": "string", "maxLength": 316})]
     """Condition type: Available, Progressing, Degraded, ..."""
-    status: Literal["True", "False", "Unknown"]
+    status: ConditionStatus
     """Whether the condition holds."""
     reason: str = Field(max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
     """CamelCase reason for the last transition."""
     message: str = Field("", max_length=32768)
     """Human-readable detail."""
-    last_transition_time: str
+    last_transition_time: Timestamp
     """When status last changed (RFC 3339)."""
     observed_generation: int | None = Field(None, ge=0)
     """The spec generation the condition was computed from."""
@@ -63,11 +153,11 @@ class Victim(ApiModel):
     """Pod UID: every drain and delete is bound to it, so a recreated pod is never mistaken for it."""
     needs_drain: bool = True
     """False for a replica that was never published (nothing can be in flight): deleted directly."""
-    unpublished_at: str | None = None
+    unpublished_at: Timestamp | None = None
     """When it stopped receiving traffic (RFC 3339)."""
-    fenced_at: str | None = None
+    fenced_at: Timestamp | None = None
     """When admission was closed (RFC 3339)."""
-    drained_at: str | None = None
+    drained_at: Timestamp | None = None
     """When the sidecar proved it drained (RFC 3339)."""
     forced: bool = False
     """Deleted after a drain timeout under onTimeout=Force."""
@@ -84,7 +174,7 @@ class OperationIdentity(ApiModel):
     """Serving replicas when the operation started."""
     to: int = Field(ge=0)
     """Target replicas."""
-    started_at: str
+    started_at: Timestamp
     """Start time (RFC 3339)."""
 
 
@@ -93,7 +183,7 @@ class Operation(OperationIdentity):
 
     phase: Phase
     """Current phase of the state machine."""
-    last_transition_time: str
+    last_transition_time: Timestamp
     """Time of the last phase change (RFC 3339)."""
     added_pods: list[AddedPod] = Field(default_factory=list)
     """Pods created by this operation."""
@@ -102,17 +192,24 @@ class Operation(OperationIdentity):
     message: str = ""
     """Human-readable progress or failure reason."""
 
+    @model_validator(mode="after")
+    def _phase_of_type(self) -> Self:
+        """A scale-out is never Fencing, nor a scale-in Verifying; neither is active in a terminal phase."""
+        if self.phase not in ACTIVE_PHASES[self.type]:
+            raise ValueError(f"a {self.type} operation cannot be in phase {self.phase}")
+        return self
+
 
 class HistoryEntry(OperationIdentity):
     """A finished operation."""
 
-    outcome: TerminalPhase
+    outcome: Outcome
     """Succeeded, Partial, Failed or Superseded."""
     reason: str = ""
     """CamelCase reason of the outcome."""
     message: str = ""
     """Detail."""
-    finished_at: str
+    finished_at: Timestamp
     """End time (RFC 3339)."""
     duration_seconds: float = Field(ge=0)
     """finishedAt - startedAt."""

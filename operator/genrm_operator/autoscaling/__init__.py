@@ -7,12 +7,11 @@ What each metric type reads and how is :mod:`.signals` (the table both metric so
 follow); replica counts are computed in integer milli-units (:mod:`.milli`).
 """
 
-from .decide import Condition, Decision, decide
+from .decide import Decision, decide
 from .metrics import MetricOutcome
 from .observation import Observation, ReplicaSample, ReplicaState
 
 __all__ = [
-    "Condition",
     "Decision",
     "MetricOutcome",
     "Observation",

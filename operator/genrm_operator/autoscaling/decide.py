@@ -36,9 +36,8 @@ from genrm_operator.api.autoscaling import (
     DecisionResult,
     MetricReading,
     format_quantity,
-    format_time,
-    parse_time,
 )
+from genrm_operator.api.status import Condition, ConditionStatus, ConditionType, Reason
 
 from .metrics import MetricOutcome, Tolerance, evaluate
 from .milli import MILLI, quantity_milli
@@ -46,16 +45,6 @@ from .observation import Observation, ReplicaState
 from .policies import limit, record_event
 from .recommend import recommend
 from .stabilize import remember, stabilize
-
-
-@dataclass(frozen=True)
-class Condition:
-    """A condition to set on the pool: AbleToScale, ScalingActive or ScalingLimited (HPA's three)."""
-
-    type: str
-    status: bool
-    reason: str
-    message: str
 
 
 @dataclass(frozen=True)
@@ -116,7 +105,7 @@ def decide(spec: AutoscalingSpec, observation: Observation, status: AutoscalerSt
         clamped = min(max(current, low), high)
         return step.conclude(clamped, clamped, "TooManyReplicas" if current > high else "TooFewReplicas")
     recommendation = recommend(spec, outcomes, current, status.consecutive_failures)
-    step.status = status.model_copy(update={"consecutive_failures": recommendation.consecutive_failures})
+    step.status = status.evolve(consecutive_failures=recommendation.consecutive_failures)
     inactive = recommendation.reason if recommendation.reason in _INACTIVE else None
     if recommendation.replicas is None:
         return step.conclude(current, current, recommendation.reason, inactive=inactive)
@@ -166,11 +155,8 @@ class _Step:
         limited, limiter = limit(
             desired, current, (spec.min_replicas, spec.max_replicas), behavior, self.status.scale_events, now
         )
-        self.status = self.status.model_copy(
-            update={
-                "recommendations": remember(self.status.recommendations, raw, now, longest),
-                "panic_until": format_time(panic_until) if panic_until else None,
-            }
+        self.status = self.status.evolve(
+            recommendations=remember(self.status.recommendations, raw, now, longest), panic_until=panic_until
         )
         return self.conclude(raw, limited, limiter or reason, inactive=inactive)
 
@@ -189,8 +175,8 @@ class _Step:
         if raw * MILLI >= quantity_milli(panic.threshold) * self.observation.current_replicas:
             return now + timedelta(seconds=panic.duration_seconds)
         previous = self.status.panic_until
-        if previous is not None and parse_time(previous) > now:
-            return parse_time(previous)
+        if previous is not None and previous > now:
+            return previous
         return None
 
     def conclude(
@@ -201,7 +187,7 @@ class _Step:
         apply = self.spec.mode == "Auto" and desired != current
         update: dict[str, object] = {"desired_replicas": desired}
         if apply:
-            update["last_scale_time"] = format_time(now)
+            update["last_scale_time"] = now
             update["scale_events"] = record_event(
                 self.status.scale_events, desired - current, now, self.spec.behavior
             )
@@ -214,10 +200,10 @@ class _Step:
             raw_recommendation=raw,
             limited_by=limited_by,
             metrics=self.outcomes,
-            conditions=_conditions(limited_by, inactive),
+            conditions=_conditions(limited_by, inactive, now),
             panicking=self.panicking,
             apply=apply,
-            status=self.status.model_copy(update=update),
+            status=self.status.evolve(**update),
             record=record,
         )
 
@@ -250,7 +236,7 @@ class _Step:
         )
         return DecisionRecord(
             id=last.id + 1 if last else 1,
-            time=format_time(self.observation.now),
+            time=self.observation.now,
             current_replicas=current,
             metrics=readings,
             raw_recommendation=raw,
@@ -261,21 +247,27 @@ class _Step:
         )
 
 
-def _conditions(limited_by: str | None, inactive: str | None) -> tuple[Condition, ...]:
-    """HPA's three conditions: is there a usable signal, was it stabilized, was it clamped."""
+def _conditions(limited_by: str | None, inactive: str | None, now: datetime) -> tuple[Condition, ...]:
+    """HPA's three conditions as of ``now``: is there a usable signal, was it stabilized, was it clamped."""
+    def condition(type_: ConditionType, holds: bool, reason: str, message: str) -> Condition:
+        status = ConditionStatus.TRUE if holds else ConditionStatus.FALSE
+        return Condition(type=type_, status=status, reason=reason, message=message, last_transition_time=now)
+
     active = (
-        Condition("ScalingActive", False, inactive, _INACTIVE[inactive])
+        condition(ConditionType.SCALING_ACTIVE, False, inactive, _INACTIVE[inactive])
         if inactive
-        else Condition("ScalingActive", True, "ValidMetricFound", "the metrics gave a count")
+        else condition(ConditionType.SCALING_ACTIVE, True, Reason.VALID_METRIC_FOUND, "the metrics gave a count")
     )
     able = (
-        Condition("AbleToScale", True, limited_by, _MESSAGES[limited_by])
+        condition(ConditionType.ABLE_TO_SCALE, True, limited_by, _MESSAGES[limited_by])
         if limited_by in _STABILIZED and limited_by
-        else Condition("AbleToScale", True, "ReadyForNewScale", "the recommendation is applied as computed")
+        else condition(ConditionType.ABLE_TO_SCALE, True, Reason.READY_FOR_NEW_SCALE,
+                       "the recommendation is applied as computed")
     )
     limited = (
-        Condition("ScalingLimited", True, limited_by, _MESSAGES[limited_by])
+        condition(ConditionType.SCALING_LIMITED, True, limited_by, _MESSAGES[limited_by])
         if limited_by in _MESSAGES and limited_by not in _STABILIZED and limited_by
-        else Condition("ScalingLimited", False, "DesiredWithinRange", "the desired count is within the range")
+        else condition(ConditionType.SCALING_LIMITED, False, Reason.DESIRED_WITHIN_RANGE,
+                       "the desired count is within the range")
     )
     return (active, able, limited)

@@ -51,7 +51,5 @@ def adopt(spec: AutoscalingSpec, status: AutoscalerStatus, replicas: int, now: d
     behavior = spec.behavior
     longest = timedelta(seconds=max(behavior.scale_up.stabilization_window_seconds,
                                     behavior.scale_down.stabilization_window_seconds))
-    return status.model_copy(update={
-        "recommendations": remember(status.recommendations, replicas, now, longest),
-        "desired_replicas": replicas,
-    })
+    return status.evolve(recommendations=remember(status.recommendations, replicas, now, longest),
+                         desired_replicas=replicas)

@@ -20,8 +20,6 @@ from genrm_operator.api.autoscaling import (
     ScaleDownRules,
     ScaleEvent,
     ScaleUpRules,
-    format_time,
-    parse_time,
 )
 
 from .milli import ceil_div
@@ -61,7 +59,7 @@ def _allowed(
     proposals = []
     for policy in rules.policies:
         since = now - timedelta(seconds=policy.period_seconds)
-        start = current - sum(e.change for e in events if parse_time(e.time) > since)
+        start = current - sum(e.change for e in events if e.time > since)
         if policy.type == "Pods":
             proposals.append(start + policy.value if up else start - policy.value)
         elif up:
@@ -79,6 +77,6 @@ def record_event(
     """The events with ``change`` added and those older than every policy period dropped."""
     longest = max(p.period_seconds for p in (*behavior.scale_up.policies, *behavior.scale_down.policies))
     since = now - timedelta(seconds=longest)
-    kept = [e for e in events if parse_time(e.time) > since]
-    kept.append(ScaleEvent(time=format_time(now), change=change))
+    kept = [e for e in events if e.time > since]
+    kept.append(ScaleEvent(time=now, change=change))
     return tuple(kept[-MAX_SCALE_EVENTS:])

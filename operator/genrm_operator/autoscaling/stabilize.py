@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from genrm_operator.api.autoscaling import MAX_RECOMMENDATIONS, TimedReplicas, format_time, parse_time
+from genrm_operator.api.autoscaling import MAX_RECOMMENDATIONS, TimedReplicas
 
 
 def stabilize(
@@ -26,7 +26,7 @@ def stabilize(
     """``raw`` held between the up-window minimum and the down-window maximum (the current count between)."""
     up, down = raw, raw
     for entry in history:
-        made = parse_time(entry.time)
+        made = entry.time
         if made > now - up_window:
             up = min(up, entry.replicas)
         if made > now - down_window:
@@ -44,7 +44,7 @@ def remember(
     the list to at most one entry per distinct value in the window.
     """
     kept = [
-        e for e in history if parse_time(e.time) > now - longest_window and e.replicas != raw
+        e for e in history if e.time > now - longest_window and e.replicas != raw
     ]
-    kept.append(TimedReplicas(time=format_time(now), replicas=raw))
+    kept.append(TimedReplicas(time=now, replicas=raw))
     return tuple(kept[-MAX_RECOMMENDATIONS:])

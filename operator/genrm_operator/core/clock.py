@@ -1,15 +1,11 @@
-"""RFC 3339 timestamps for the status, from and to the float seconds the core reasons in."""
+"""The status time of a moment the core reasons about (float seconds since the epoch)."""
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 
 
-def to_rfc3339(seconds: float) -> str:
-    """Kubernetes-style timestamp with second precision (as metav1.Time)."""
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def from_rfc3339(stamp: str) -> float:
-    """Seconds since the epoch of a timestamp written by :func:`to_rfc3339` or Kubernetes."""
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+def stamp(seconds: float) -> datetime:
+    """Whole seconds, as metav1.Time: what the state machine records in conditions, operations and history."""
+    return datetime.fromtimestamp(math.floor(seconds), UTC)

@@ -6,26 +6,24 @@ scratch each step, and ``lastTransitionTime`` moves only when a status flips.
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Sequence
 
-from ..api.status import Condition
-from .clock import to_rfc3339
-
-Status = Literal["True", "False", "Unknown"]
+from ..api.status import Condition, ConditionStatus, ConditionType
+from .clock import stamp
 
 
 def set_condition(
-    previous: list[Condition],
-    type_: str,
-    status: Status,
+    previous: Sequence[Condition],
+    type_: ConditionType,
+    status: ConditionStatus,
     reason: str,
     message: str,
     now: float,
     generation: int,
 ) -> Condition:
     """A condition that keeps the previous transition time when its status is unchanged."""
-    old = next((c for c in previous if c.type == type_), None)
-    since = old.last_transition_time if old is not None and old.status == status else to_rfc3339(now)
+    old = find(previous, type_)
+    since = old.last_transition_time if old is not None and old.status == status else stamp(now)
     return Condition(
         type=type_,
         status=status,
@@ -36,6 +34,6 @@ def set_condition(
     )
 
 
-def find(conditions: list[Condition], type_: str) -> Condition | None:
+def find(conditions: Sequence[Condition], type_: ConditionType) -> Condition | None:
     """The condition of this type, if present."""
     return next((c for c in conditions if c.type == type_), None)

@@ -28,11 +28,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from genrm_contract.sidecar import DrainState
+
 from ..api.pool import GenRMPoolStatus
-from ..api.status import HISTORY_LIMIT, AddedPod, Condition, HistoryEntry, Operation, Victim
+from ..api.status import (
+    HISTORY_LIMIT,
+    AddedPod,
+    Condition,
+    ConditionStatus,
+    ConditionType,
+    HistoryEntry,
+    Operation,
+    OperationType,
+    Outcome,
+    Phase,
+    Reason,
+    Victim,
+)
 from .childrenplan import CHILD_FAILED
 from .classify import Replica, Role, classify
-from .clock import from_rfc3339, to_rfc3339
+from .clock import stamp
 from .conditions import set_condition
 from .model import (
     Action,
@@ -75,15 +90,15 @@ def create_backoff(history: list[HistoryEntry], now: float) -> float:
     """
     failures = 0
     for entry in reversed(history):
-        if entry.outcome == "Superseded":
+        if entry.outcome is Phase.SUPERSEDED:
             continue
-        if entry.outcome == "Succeeded":
+        if entry.outcome is Phase.SUCCEEDED:
             break
         failures += 1
     if failures == 0:
         return 0.0
     delay = min(BACKOFF_BASE_SECONDS * 2 ** (failures - 1), BACKOFF_MAX_SECONDS)
-    return max(0.0, from_rfc3339(history[-1].finished_at) + float(delay) - now)
+    return max(0.0, history[-1].finished_at.timestamp() + float(delay) - now)
 
 
 @dataclass
@@ -123,13 +138,14 @@ class _Step:
         return [r for r in self.replicas if r.role is role]
 
     def victim_names(self) -> set[str]:
-        return {v.name for v in self.op.victims} if self.op is not None and self.op.type == "ScaleIn" else set()
+        op = self.op
+        return {v.name for v in op.victims} if op is not None and op.type is OperationType.SCALE_IN else set()
 
     def pending_creates(self) -> list[AddedPod]:
         """Pods this operation created that the index has not shown yet (create may be lost)."""
         if self.op is None:
             return [a for a in self.carried if a.name not in self.by_name]
-        if self.op.type != "ScaleOut":
+        if self.op.type is not OperationType.SCALE_OUT:
             return []
         return [a for a in self.op.added_pods if not a.observed and a.name not in self.by_name]
 
@@ -151,30 +167,27 @@ class _Step:
         else:
             self.act(DeletePod(pod.name, pod.uid, NEVER_SERVED_GRACE_SECONDS, pod.resource_version))
 
-    def set_phase(self, op: Operation, phase: str, message: str = "") -> Operation:
+    def set_phase(self, op: Operation, phase: Phase, message: str = "") -> Operation:
+        """``op`` in ``phase`` (validated against its type), with an Event when the phase changes."""
         if op.phase == phase and op.message == message:
             return op
         if op.phase != phase:
             self.emit(f"{op.type}{phase}", f"{op.id} {op.type} {op.from_}->{op.to}: {phase}. {message}".strip())
-            return op.model_copy(update={
-                "phase": phase, "message": message, "last_transition_time": to_rfc3339(self.now),
-            })
-        return op.model_copy(update={"message": message})
+            return op.evolve(phase=phase, message=message, last_transition_time=stamp(self.now))
+        return op.evolve(message=message)
 
-    def finish(self, op: Operation, outcome: str, reason: str, message: str) -> None:
+    def finish(self, op: Operation, outcome: Outcome, reason: str, message: str) -> None:
         """Move the operation to history and clear it."""
         forced = sum(1 for v in op.victims if v.forced)
-        if op.type == "ScaleOut":
+        if op.type is OperationType.SCALE_OUT:
             self.carried = [a for a in op.added_pods if not a.observed and a.name not in self.by_name]
-        started = from_rfc3339(op.started_at)
-        self.history.append(HistoryEntry.model_validate({
-            "id": op.id, "type": op.type, "from": op.from_, "to": op.to, "outcome": outcome,
-            "reason": reason, "message": message, "startedAt": op.started_at,
-            "finishedAt": to_rfc3339(self.now), "durationSeconds": round(max(0.0, self.now - started), 3),
-            "forcedDrains": forced,
-        }))
+        self.history.append(HistoryEntry(
+            id=op.id, type=op.type, from_=op.from_, to=op.to, outcome=outcome, reason=reason, message=message,
+            started_at=op.started_at, finished_at=stamp(self.now),
+            duration_seconds=round(max(0.0, self.now - op.started_at.timestamp()), 3), forced_drains=forced,
+        ))
         self.history = self.history[-HISTORY_LIMIT:]
-        warning = outcome in ("Partial", "Failed")
+        warning = outcome in (Phase.PARTIAL, Phase.FAILED)
         self.emit(f"{op.type}{outcome}", f"{op.id} {op.type} {op.from_}->{op.to}: {outcome} ({reason}). {message}"
                   .strip(), warning)
         self.op = None
@@ -189,18 +202,17 @@ class _Step:
         self.clean_up_outside_operations()
         if self.op is None:
             self.maybe_start_operation()
-        if self.op is not None and self.op.type == "ScaleOut":
+        if self.op is not None and self.op.type is OperationType.SCALE_OUT:
             self.advance_scale_out(self.op)
         elif self.op is not None:
             self.advance_scale_in(self.op)
         return Plan(status=self.next_status(), actions=tuple(self.actions), events=tuple(self.events))
 
     def note_observed_creates(self) -> None:
-        if self.op is None or self.op.type != "ScaleOut":
+        if self.op is None or self.op.type is not OperationType.SCALE_OUT:
             return
-        added = [a.model_copy(update={"observed": True}) if a.name in self.by_name else a
-                 for a in self.op.added_pods]
-        self.op = self.op.model_copy(update={"added_pods": added})
+        added = [a.evolve(observed=True) if a.name in self.by_name else a for a in self.op.added_pods]
+        self.op = self.op.evolve(added_pods=added)
 
     def clean_up_outside_operations(self) -> None:
         """Replace failed replicas, delete drained leftovers, unpublish pods deleted by others."""
@@ -239,7 +251,7 @@ class _Step:
         op = self.op
         if op is None or op.to == self.desired:
             return
-        self.finish(op, "Superseded", "TargetChanged", f"spec.replicas changed to {self.desired}")
+        self.finish(op, Phase.SUPERSEDED, Reason.TARGET_CHANGED, f"spec.replicas changed to {self.desired}")
 
     def maybe_start_operation(self) -> None:
         serving, starting, draining = self.counts()
@@ -247,20 +259,20 @@ class _Step:
         publishable = any(self.awaits_publication(r) for r in self.role(Role.STARTING))
         shortfall = self.desired - serving - starting
         if shortfall > 0 and (draining > 0 or backoff == 0.0 or publishable):
-            self.start("ScaleOut", serving)
+            self.start(OperationType.SCALE_OUT, serving)
         elif serving + starting + draining > self.desired:
-            self.start("ScaleIn", serving)
+            self.start(OperationType.SCALE_IN, serving)
         elif serving < self.desired and publishable:
-            self.start("ScaleOut", serving)
+            self.start(OperationType.SCALE_OUT, serving)
 
-    def start(self, type_: str, serving: int) -> None:
+    def start(self, type_: OperationType, serving: int) -> None:
         self.op_count += 1
-        stamp = to_rfc3339(self.now)
-        self.op = Operation.model_validate({
-            "id": f"op-{self.op_count}", "type": type_, "from": serving, "to": self.desired,
-            "phase": "Pending", "startedAt": stamp, "lastTransitionTime": stamp,
-            "addedPods": self.carried if type_ == "ScaleOut" else [],
-        })
+        now = stamp(self.now)
+        self.op = Operation(
+            id=f"op-{self.op_count}", type=type_, from_=serving, to=self.desired, phase=Phase.PENDING,
+            started_at=now, last_transition_time=now,
+            added_pods=self.carried if type_ is OperationType.SCALE_OUT else [],
+        )
         self.emit(f"{type_}Started", f"op-{self.op_count} {type_} {serving}->{self.desired}")
 
     def awaits_publication(self, r: Replica) -> bool:
@@ -294,22 +306,22 @@ class _Step:
         inconsistent = [r for r in self.role(Role.STARTING) if r.pod.verification == "failed"]
         waiting = [r for r in self.role(Role.STARTING) if r.pod.verification != "failed"]
         if serving >= op.to:
-            self.finish(op, "Succeeded", "TargetReached", f"{serving} serving replicas")
+            self.finish(op, Phase.SUCCEEDED, Reason.TARGET_REACHED, f"{serving} serving replicas")
         elif failed and not self.pending_creates():
             # Not while a replacement's create is unobserved: once this operation is gone nothing
             # would count that pod, and a lagging index would make the next step create another.
-            self.finish(op, "Partial", failed[0].failure,
+            self.finish(op, Phase.PARTIAL, failed[0].failure,
                         ", ".join(f"{r.pod.name}: {r.failure}" for r in failed))
         elif inconsistent:
             detail = "; ".join(f"{r.pod.name}: {r.pod.verification_message}" for r in inconsistent)
-            self.emit("ReplicaInconsistent", detail, warning=True)
-            self.finish(op, "Partial", "ReplicaInconsistent", detail)
+            self.emit(Reason.REPLICA_INCONSISTENT, detail, warning=True)
+            self.finish(op, Phase.PARTIAL, Reason.REPLICA_INCONSISTENT, detail)
         elif waiting and not rescuing and not self.pending_creates() and all(r.pod.unschedulable for r in waiting):
-            self.finish(op, "Partial", "Unschedulable", waiting[0].pod.unschedulable)
+            self.finish(op, Phase.PARTIAL, Reason.UNSCHEDULABLE, waiting[0].pod.unschedulable)
         elif not waiting and not rescuing and not self.pending_creates() and shortfall > 0 and not releasing:
-            self.finish(op, "Partial", "BackOff", "waiting before creating replacement replicas")
+            self.finish(op, Phase.PARTIAL, Reason.BACK_OFF, "waiting before creating replacement replicas")
         else:
-            phase = "Verifying" if verifying and not self.pending_creates() else "Provisioning"
+            phase = Phase.VERIFYING if verifying and not self.pending_creates() else Phase.PROVISIONING
             waiting_for = f"; {releasing} more once leaving pods release their GPUs" if releasing else ""
             self.op = self.set_phase(op, phase, f"{serving}/{op.to} serving{waiting_for}")
 
@@ -330,7 +342,7 @@ class _Step:
             added.append(AddedPod(name=name, ordinal=self.next_ordinal))
             self.act(CreatePod(name, self.next_ordinal))
             self.next_ordinal += 1
-        self.op = op.model_copy(update={"added_pods": added})
+        self.op = op.evolve(added_pods=added)
         return self.op
 
     def publish_or_verify(self) -> bool:
@@ -355,26 +367,26 @@ class _Step:
     # ----- scale-in ----------------------------------------------------------------------------
 
     def advance_scale_in(self, op: Operation) -> None:
-        if op.phase == "Pending":
+        if op.phase is Phase.PENDING:
             self.select_victims(op)
             return
         drain = self.obs.spec.drain
         victims: list[Victim] = []
-        phases: list[str] = []
+        phases: list[Phase] = []
         failure = ""
         for v in op.victims:
             v, phase, problem = self.advance_victim(v, drain.propagation_seconds, drain.timeout_seconds,
                                                     drain.on_timeout)
             victims.append(v)
-            if phase:
+            if phase is not None:
                 phases.append(phase)
             failure = failure or problem
-        op = op.model_copy(update={"victims": victims})
-        order = ["Unpublishing", "Fencing", "Draining", "Removing"]
+        op = op.evolve(victims=victims)
+        order = [Phase.UNPUBLISHING, Phase.FENCING, Phase.DRAINING, Phase.REMOVING]
         if failure:
-            self.finish(op, "Failed", "DrainTimeout", failure)
+            self.finish(op, Phase.FAILED, Reason.DRAIN_TIMEOUT, failure)
         elif not phases:
-            self.finish(op, "Succeeded", "TargetReached", f"removed {len(victims)} replica(s)")
+            self.finish(op, Phase.SUCCEEDED, Reason.TARGET_REACHED, f"removed {len(victims)} replica(s)")
         else:
             phase = min(phases, key=order.index)
             self.op = self.set_phase(op, phase, f"{len(phases)} victim(s) left")
@@ -386,52 +398,51 @@ class _Step:
         chosen = choose_victims(candidates, serving + starting + draining - self.desired)
         victims = [Victim(name=r.pod.name, uid=r.pod.uid, needs_drain=r.pod.ever_published) for r in chosen]
         self.emit("VictimsSelected", ", ".join(v.name for v in victims) or "none")
-        op = op.model_copy(update={"victims": victims})
-        self.op = self.set_phase(op, "Unpublishing", f"{len(victims)} victim(s) selected")
+        self.op = self.set_phase(op.evolve(victims=victims), Phase.UNPUBLISHING, f"{len(victims)} victim(s) selected")
 
     def advance_victim(
         self, v: Victim, propagation: float, timeout: float, on_timeout: str
-    ) -> tuple[Victim, str, str]:
-        """Move one victim along; returns it, its phase ('' when gone) and a failure message."""
+    ) -> tuple[Victim, Phase | None, str]:
+        """Move one victim along; returns it, its phase (None when gone) and a failure message."""
         r = self.by_name.get(v.name)
         if r is None or r.pod.uid != v.uid:
-            return v, "", ""
+            return v, None, ""
         pod = r.pod
         if r.role is Role.TERMINATING:
-            return v, "Removing", ""
+            return v, Phase.REMOVING, ""
         if not v.needs_drain and (pod.published or pod.ever_published):
             # Chosen from a pod list that predated its publication: it may be serving, so drain it.
-            v = v.model_copy(update={"needs_drain": True})
+            v = v.evolve(needs_drain=True)
         if r.role is Role.FAILED or not v.needs_drain or v.drained_at is not None or r.role is Role.DRAINED:
             if r.role is Role.DRAINED and v.drained_at is None:
-                v = v.model_copy(update={"drained_at": to_rfc3339(self.now)})
+                v = v.evolve(drained_at=stamp(self.now))
             self.delete(pod)
-            return v, "Removing", ""
+            return v, Phase.REMOVING, ""
         did = drain_id(pod.uid)
         state = r.sidecar.state if r.sidecar is not None else None
-        if pod.published or v.unpublished_at is None or self.now - from_rfc3339(v.unpublished_at) < propagation:
+        if pod.published or v.unpublished_at is None or self.now - v.unpublished_at.timestamp() < propagation:
             if pod.published or v.unpublished_at is None:
                 # The propagation window counts from the last time the pod was seen published: an
                 # unpublish lost to an operator crash must not let the fence come before it.
-                v = v.model_copy(update={"unpublished_at": to_rfc3339(self.now)})
+                v = v.evolve(unpublished_at=stamp(self.now))
             if pod.published:
                 self.act(SetPublished(pod.name, pod.uid, False))
-            if state in (None, "Serving"):
+            if state in (None, DrainState.SERVING):
                 self.act(Drain(pod.name, did, "soft"))
-            return v, "Unpublishing", ""
-        fenced_at = v.fenced_at or to_rfc3339(self.now)
-        v = v.model_copy(update={"fenced_at": fenced_at})
-        if state in (None, "Serving", "SoftDrain"):
+            return v, Phase.UNPUBLISHING, ""
+        fenced_at = v.fenced_at or stamp(self.now)
+        v = v.evolve(fenced_at=fenced_at)
+        if state in (None, DrainState.SERVING, DrainState.SOFT_DRAIN):
             self.act(Drain(pod.name, did, "fence"))
-        if self.now - from_rfc3339(fenced_at) <= timeout:
-            return v, "Fencing" if state != "Fenced" else "Draining", ""
+        if self.now - fenced_at.timestamp() <= timeout:
+            return v, Phase.FENCING if state != DrainState.FENCED else Phase.DRAINING, ""
         inflight = r.sidecar.inflight if r.sidecar is not None else "unknown"
         message = f"{pod.name} not drained after {timeout:g}s ({inflight} in flight)"
         if on_timeout == "Force":
             self.emit("DrainForced", message, warning=True)
             self.act(DeletePod(pod.name, pod.uid))
-            return v.model_copy(update={"forced": True, "drained_at": to_rfc3339(self.now)}), "Removing", ""
-        return v, "Draining", message
+            return v.evolve(forced=True, drained_at=stamp(self.now)), Phase.REMOVING, ""
+        return v, Phase.DRAINING, message
 
     # ----- status ------------------------------------------------------------------------------
 
@@ -439,70 +450,63 @@ class _Step:
         serving, starting, draining = self.counts()
         live = [r for r in self.replicas if r.role is not Role.TERMINATING]
         victims_left = sum(1 for v in self.op.victims if v.name in self.by_name) if self.op and \
-            self.op.type == "ScaleIn" else 0
+            self.op.type is OperationType.SCALE_IN else 0
         drained = len(self.role(Role.DRAINED))
-        generation = self.obs.generation
-        prev = self.status.conditions
         conds = [
-            self.available(serving, prev, generation),
-            self.progressing(serving, starting, draining, prev, generation),
-            self.degraded(serving, draining + drained + victims_left, prev, generation),
+            self.available(serving),
+            self.progressing(serving, starting, draining),
+            self.degraded(serving, draining + drained + victims_left),
         ]
-        return self.status.model_copy(update={
-            "observed_generation": generation,
-            "replicas": len(live),
-            "ready_replicas": sum(1 for r in live if r.pod.ready),
-            "serving_replicas": sum(1 for r in self.role(Role.SERVING)),
-            "draining_replicas": draining + drained + victims_left,
-            "selector": selector(self.obs.name),
-            "next_ordinal": self.next_ordinal,
-            "conditions": conds,
-            "operation": self.op,
-            "operation_count": self.op_count,
-            "history": self.history,
-        })
+        return self.status.evolve(
+            observed_generation=self.obs.generation,
+            replicas=len(live),
+            ready_replicas=sum(1 for r in live if r.pod.ready),
+            serving_replicas=sum(1 for r in self.role(Role.SERVING)),
+            draining_replicas=draining + drained + victims_left,
+            selector=selector(self.obs.name),
+            next_ordinal=self.next_ordinal,
+            conditions=conds,
+            operation=self.op,
+            operation_count=self.op_count,
+            history=self.history,
+        )
 
-    def available(self, serving: int, prev: list[Condition], generation: int) -> Condition:
+    def condition(self, type_: ConditionType, holds: bool, reason: str, message: str) -> Condition:
+        """``type_`` as this step sees it, keeping its transition time unless its status flips."""
+        status = ConditionStatus.TRUE if holds else ConditionStatus.FALSE
+        return set_condition(self.status.conditions, type_, status, reason, message, self.now, self.obs.generation)
+
+    def available(self, serving: int) -> Condition:
         if self.desired == 0:
-            return set_condition(prev, "Available", "True", "ScaledToZero", "no replicas requested",
-                                 self.now, generation)
+            return self.condition(ConditionType.AVAILABLE, True, Reason.SCALED_TO_ZERO, "no replicas requested")
         if serving > 0:
-            return set_condition(prev, "Available", "True", "ReplicasServing",
-                                 f"{serving}/{self.desired} replicas serving", self.now, generation)
-        return set_condition(prev, "Available", "False", "NoServingReplicas", "no replica is serving",
-                             self.now, generation)
+            return self.condition(ConditionType.AVAILABLE, True, Reason.REPLICAS_SERVING,
+                                  f"{serving}/{self.desired} replicas serving")
+        return self.condition(ConditionType.AVAILABLE, False, Reason.NO_SERVING_REPLICAS, "no replica is serving")
 
-    def progressing(
-        self, serving: int, starting: int, draining: int, prev: list[Condition], generation: int
-    ) -> Condition:
+    def progressing(self, serving: int, starting: int, draining: int) -> Condition:
         op = self.op
         if op is not None:
-            reason = "ScalingOut" if op.type == "ScaleOut" else "ScalingIn"
-            return set_condition(prev, "Progressing", "True", reason,
-                                 f"{op.id} {op.phase}: {op.message}", self.now, generation)
+            scaling = Reason.SCALING_OUT if op.type is OperationType.SCALE_OUT else Reason.SCALING_IN
+            return self.condition(ConditionType.PROGRESSING, True, scaling, f"{op.id} {op.phase}: {op.message}")
         if serving == self.desired and starting == 0 and draining == 0:
-            return set_condition(prev, "Progressing", "False", "AtTarget",
-                                 f"{serving} replicas serving", self.now, generation)
+            return self.condition(ConditionType.PROGRESSING, False, Reason.AT_TARGET, f"{serving} replicas serving")
         last = self.history[-1] if self.history else None
-        reason = last.reason if last is not None and last.outcome in ("Partial", "Failed") else "Waiting"
-        return set_condition(prev, "Progressing", "False", reason or "Waiting",
-                             f"{serving}/{self.desired} serving; {starting} starting", self.now, generation)
+        reason = last.reason if last is not None and last.outcome in (Phase.PARTIAL, Phase.FAILED) else ""
+        return self.condition(ConditionType.PROGRESSING, False, reason or Reason.WAITING,
+                              f"{serving}/{self.desired} serving; {starting} starting")
 
-    def degraded(self, serving: int, surplus: int, prev: list[Condition], generation: int) -> Condition:
+    def degraded(self, serving: int, surplus: int) -> Condition:
         inconsistent = [r.pod.name for r in self.role(Role.STARTING) if r.pod.verification == "failed"]
         failed = [r.pod.name for r in self.role(Role.FAILED)]
         last = self.history[-1] if self.history else None
         if self.obs.child_errors:
-            return set_condition(prev, "Degraded", "True", CHILD_FAILED, "; ".join(self.obs.child_errors),
-                                 self.now, generation)
+            return self.condition(ConditionType.DEGRADED, True, CHILD_FAILED, "; ".join(self.obs.child_errors))
         if inconsistent:
-            return set_condition(prev, "Degraded", "True", "ReplicaInconsistent",
-                                 f"answers differ from the serving replicas: {', '.join(inconsistent)}",
-                                 self.now, generation)
+            return self.condition(ConditionType.DEGRADED, True, Reason.REPLICA_INCONSISTENT,
+                                  f"answers differ from the serving replicas: {', '.join(inconsistent)}")
         if failed:
-            return set_condition(prev, "Degraded", "True", "ReplicaFailed", ", ".join(failed), self.now,
-                                 generation)
-        if last is not None and last.outcome in ("Partial", "Failed") and (serving != self.desired or surplus):
-            return set_condition(prev, "Degraded", "True", last.reason or "OperationFailed", last.message,
-                                 self.now, generation)
-        return set_condition(prev, "Degraded", "False", "AsExpected", "", self.now, generation)
+            return self.condition(ConditionType.DEGRADED, True, Reason.REPLICA_FAILED, ", ".join(failed))
+        if last is not None and last.outcome in (Phase.PARTIAL, Phase.FAILED) and (serving != self.desired or surplus):
+            return self.condition(ConditionType.DEGRADED, True, last.reason or Reason.OPERATION_FAILED, last.message)
+        return self.condition(ConditionType.DEGRADED, False, Reason.AS_EXPECTED, "")

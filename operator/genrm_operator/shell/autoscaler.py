@@ -32,12 +32,12 @@ from genrm_contract.sidecar import METRICS_PATH
 
 from ..api.autoscaling import AutoscalerStatus, AutoscalingSpec
 from ..api.pool import GenRMPoolStatus
-from ..api.status import Condition
+from ..api.status import Condition, ConditionStatus, ConditionType, Reason
 from ..autoscaling import Decision, Observation, ReplicaSample, ReplicaState, decide
 from ..autoscaling.override import adopt, external_write
 from ..autoscaling.signals import SIGNALS
 from ..core.classify import Replica, Role, classify
-from ..core.conditions import Status, find, set_condition
+from ..core.conditions import find, set_condition
 from ..core.model import Event, Observed
 from . import metrics
 from .kube import Conflict, Kube
@@ -45,7 +45,7 @@ from .scrape import DirectSource, MetricSource, PrometheusSource
 from .sidecar import Endpoint
 
 log = logging.getLogger(__name__)
-OVERRIDDEN = "AutoscalerOverridden"
+OVERRIDDEN = ConditionType.AUTOSCALER_OVERRIDDEN
 CONDITION_TYPES = frozenset({"ScalingActive", "AbleToScale", "ScalingLimited", OVERRIDDEN})
 """Conditions the autoscaler owns; the core recomputes only Available, Progressing and Degraded."""
 _STATE = {Role.SERVING: ReplicaState.SERVING, Role.STARTING: ReplicaState.STARTING}
@@ -96,17 +96,15 @@ def observation(observed: Observed, replicas: list[Replica], values: dict[str, d
 def conditions(decision: Decision, overridden: bool | None, previous: list[Condition], now: float,
                generation: int) -> tuple[Condition, ...]:
     """HPA's three conditions from the decision, plus ``AutoscalerOverridden`` (None: not mode Auto, left out)."""
-    def status(flag: bool) -> Status:
-        return "True" if flag else "False"
-    out = [set_condition(previous, c.type, status(c.status), c.reason, c.message, now, generation)
+    out = [set_condition(previous, c.type, c.status, c.reason, c.message, now, generation)
            for c in decision.conditions]
     if overridden:
-        out.append(set_condition(previous, OVERRIDDEN, "True", "ExternalWrite",
+        out.append(set_condition(previous, OVERRIDDEN, ConditionStatus.TRUE, Reason.EXTERNAL_WRITE,
                                  "spec.replicas was set by another writer; the autoscaler adopted it as its "
                                  "current count and changes it only when its own decision differs",
                                  now, generation))
     elif overridden is not None:
-        out.append(set_condition(previous, OVERRIDDEN, "False", "AutoscalerInCharge",
+        out.append(set_condition(previous, OVERRIDDEN, ConditionStatus.FALSE, Reason.AUTOSCALER_IN_CHARGE,
                                  "spec.replicas is what the autoscaler last decided", now, generation))
     return tuple(out)
 

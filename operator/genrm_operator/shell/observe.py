@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..core.clock import from_rfc3339
+from ..api.base import parse_time
 from ..core.model import PodView, Verification
 from ..core.names import (
     EVER_PUBLISHED_ANNOTATION,
@@ -34,7 +34,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
     return PodView(
         name=meta["name"],
         uid=meta.get("uid", ""),
-        created_at=from_rfc3339(stamp) if (stamp := meta.get("creationTimestamp")) else 0.0,
+        created_at=parse_time(stamp).timestamp() if (stamp := meta.get("creationTimestamp")) else 0.0,
         phase=status.get("phase", "Pending"),
         ready=_condition(status, "Ready").get("status") == "True",
         published=labels.get(PUBLISHED_LABEL) == "true",
