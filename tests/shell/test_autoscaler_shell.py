@@ -18,15 +18,17 @@ from typing import Any
 
 import httpx
 from genrm_operator.api.autoscaling import AutoscalerStatus, AutoscalingSpec, DecisionRecord
+from genrm_operator.api.status import ConditionType
 from genrm_operator.autoscaling.override import external_write
 from genrm_operator.core.model import Event, SidecarView
 from genrm_operator.shell import metrics
-from genrm_operator.shell.autoscaler import OVERRIDDEN, PoolAutoscaler
+from genrm_operator.shell.autoscaler import PoolAutoscaler
 from genrm_operator.shell.kube import Conflict
 from genrm_operator.shell.reconciler import PoolReconciler
 from prometheus_client import REGISTRY
 
 NS, POOL = "ml", "judge"
+OVERRIDDEN = ConditionType.AUTOSCALER_OVERRIDDEN
 
 
 def exposition(inflight: float) -> str:

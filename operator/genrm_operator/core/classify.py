@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
+from genrm_contract.sidecar import DrainState
+
 from .model import PodView, SidecarView
 
 
@@ -74,11 +76,11 @@ def classify(
             role = Role.TERMINATING
         elif reason:
             role = Role.FAILED
-        elif sidecar is not None and sidecar.state == "Drained":
+        elif sidecar is not None and sidecar.state == DrainState.DRAINED:
             role = Role.DRAINED
         elif pod.published:
             role = Role.SERVING
-        elif sidecar is not None and sidecar.state in ("SoftDrain", "Fenced"):
+        elif sidecar is not None and sidecar.state in (DrainState.SOFT_DRAIN, DrainState.FENCED):
             role = Role.DRAINING
         else:
             role = Role.STARTING

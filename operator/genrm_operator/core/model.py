@@ -15,6 +15,7 @@ from typing import Literal
 from genrm_contract.sidecar import DrainState
 
 from ..api.pool import GenRMPoolSpec, GenRMPoolStatus
+from ..autoscaling import Decision
 
 Verification = Literal["", "passed", "failed"]
 
@@ -50,6 +51,16 @@ class SidecarView:
 
 
 @dataclass(frozen=True)
+class MetricSamples:
+    """What the shell scraped for the autoscaler this step (taken only when a decision is due)."""
+
+    per_replica: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    """Metric values by pod name and metric key, for the published replicas that answered."""
+    pool: Mapping[str, float] = field(default_factory=dict)
+    """Pool-level query values by metric key (Prometheus queries)."""
+
+
+@dataclass(frozen=True)
 class Observed:
     """Everything one reconcile step decides from."""
 
@@ -63,6 +74,8 @@ class Observed:
     now: float = 0.0
     child_errors: tuple[str, ...] = ()
     """The API server's messages for writes of the pool's children that failed (the last attempt of each)."""
+    metrics: MetricSamples | None = None
+    """The autoscaler's samples; None between its decisions (or when it is off)."""
 
 
 @dataclass(frozen=True)
@@ -137,8 +150,12 @@ class Event:
 
 @dataclass(frozen=True)
 class Plan:
-    """The result of one reconcile step: write ``status`` first, then run ``actions``."""
+    """The result of one reconcile step: write ``status`` first, then run ``actions``.
+
+    ``decision`` is the autoscaler's, when one was due: after the status write the shell
+    writes its count through the scale subresource when ``decision.apply`` says so."""
 
     status: GenRMPoolStatus
     actions: tuple[Action, ...] = ()
     events: tuple[Event, ...] = ()
+    decision: Decision | None = None

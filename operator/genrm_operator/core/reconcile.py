@@ -45,6 +45,7 @@ from ..api.status import (
     Reason,
     Victim,
 )
+from .autoscale import Scaling, autoscale
 from .childrenplan import CHILD_FAILED
 from .classify import Replica, Role, classify
 from .clock import stamp
@@ -206,7 +207,9 @@ class _Step:
             self.advance_scale_out(self.op)
         elif self.op is not None:
             self.advance_scale_in(self.op)
-        return Plan(status=self.next_status(), actions=tuple(self.actions), events=tuple(self.events))
+        scaling = autoscale(self.obs, self.replicas)
+        return Plan(status=self.next_status(scaling), actions=tuple(self.actions),
+                    events=(*self.events, *scaling.events), decision=scaling.decision)
 
     def note_observed_creates(self) -> None:
         if self.op is None or self.op.type is not OperationType.SCALE_OUT:
@@ -242,9 +245,9 @@ class _Step:
         if pod.published:
             self.act(SetPublished(pod.name, pod.uid, False))
         if sidecar is None or not pod.ever_published or (
-                sidecar.inflight == 0 and sidecar.state in ("Fenced", "Drained")):
+                sidecar.inflight == 0 and sidecar.state in (DrainState.FENCED, DrainState.DRAINED)):
             self.delete(pod)
-        elif sidecar.state in ("Serving", "SoftDrain"):
+        elif sidecar.state in (DrainState.SERVING, DrainState.SOFT_DRAIN):
             self.act(Drain(pod.name, drain_id(pod.uid), "fence"))
 
     def supersede_if_target_changed(self) -> None:
@@ -279,7 +282,7 @@ class _Step:
         """A starting replica whose engine is warm and that has not failed verification."""
         sidecar = r.sidecar
         return (
-            r.pod.ready and sidecar is not None and sidecar.state == "Serving"
+            r.pod.ready and sidecar is not None and sidecar.state == DrainState.SERVING
             and sidecar.engine_healthy and r.pod.verification != "failed"
         )
 
@@ -328,7 +331,8 @@ class _Step:
     def rescue(self, shortfall: int) -> int:
         """Undrain draining replicas first: they are warm and verified, unlike a new pod."""
         candidates = [r for r in self.role(Role.DRAINING) if r.sidecar is not None]
-        candidates.sort(key=lambda r: (r.sidecar.state != "SoftDrain" if r.sidecar else True, -r.pod.created_at))
+        candidates.sort(key=lambda r: (r.sidecar.state != DrainState.SOFT_DRAIN if r.sidecar else True,
+                                       -r.pod.created_at))
         chosen = candidates[: max(shortfall, 0)]
         for r in chosen:
             self.act(Undrain(r.pod.name, drain_id(r.pod.uid)))
@@ -446,7 +450,8 @@ class _Step:
 
     # ----- status ------------------------------------------------------------------------------
 
-    def next_status(self) -> GenRMPoolStatus:
+    def next_status(self, scaling: Scaling) -> GenRMPoolStatus:
+        """The whole status: the state machine's counts and conditions, then the autoscaler's."""
         serving, starting, draining = self.counts()
         live = [r for r in self.replicas if r.role is not Role.TERMINATING]
         victims_left = sum(1 for v in self.op.victims if v.name in self.by_name) if self.op and \
@@ -465,7 +470,8 @@ class _Step:
             draining_replicas=draining + drained + victims_left,
             selector=selector(self.obs.name),
             next_ordinal=self.next_ordinal,
-            conditions=conds,
+            conditions=[*conds, *scaling.conditions],
+            autoscaler=scaling.status,
             operation=self.op,
             operation_count=self.op_count,
             history=self.history,

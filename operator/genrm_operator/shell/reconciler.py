@@ -15,7 +15,6 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 
 from genrm_contract.sidecar import DrainRequest, Phase, UndrainRequest
 from kubernetes.client.exceptions import ApiException
@@ -142,23 +141,23 @@ class PoolReconciler:
             p["metadata"]["name"]: Endpoint(ip, spec.gateway.port, spec.gateway.control_port, self._token or "")
             for p in pods if (ip := pod_ip(p)) and not p["metadata"].get("deletionTimestamp")
         }
+        views = tuple(pod_view(p) for p in pods)
+        published = [v.name for v in views if v.published and not v.deleting]
         observed = Observed(
             name=self.name, generation=int(meta.get("generation", 0)), spec=spec, status=status,
-            pods=tuple(pod_view(p) for p in pods), sidecars=await self.sidecars.states(endpoints),
-            now=time.time(), child_errors=child_errors,
+            pods=views, sidecars=await self.sidecars.states(endpoints), now=time.time(),
+            child_errors=child_errors, metrics=await self.autoscaler.sample(spec.autoscaling, published, endpoints),
         )
         plan = reconcile(observed)
-        scaling = await self.autoscaler.turn(observed, endpoints)
-        plan = replace(plan, status=scaling.applied_to(plan.status))
         version = str(meta.get("resourceVersion", ""))
         if plan.status != status:
             version = await self.kube.replace_status(pool, plan.status.to_wire())
-        self.autoscaler.committed(scaling)
+        self.autoscaler.committed(plan.decision)
         metrics.observe_finished(self.namespace, self.name,
                                  [h for h in plan.status.history if h not in status.history])
         metrics.observe_status(self.namespace, self.name, spec, plan.status)
         failures = tuple(Event("Warning", CHILD_FAILED, message) for message in child_errors)
-        for event in (*plan.events, *failures, *await self.autoscaler.actuate(scaling, version)):
+        for event in (*plan.events, *failures, *await self.autoscaler.actuate(plan.decision, version)):
             await self.emit(pool, event)
         self._action_errors = {}
         await asyncio.gather(*(self.carry_out(a, meta["uid"], spec, endpoints) for a in plan.actions))

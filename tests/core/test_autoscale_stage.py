@@ -1,0 +1,62 @@
+"""The autoscaler as a stage of the reconcile step (``genrm_operator.core.autoscale``).
+
+One step classifies the pods once and produces the whole status: the state machine's three
+conditions next to HPA's, the next ``status.autoscaler`` and the decision the shell applies.
+Between decisions (no samples) the autoscaler's conditions and memory are carried over as
+they are, so an idle step writes nothing; samples of a replica that is not serving (a
+published pod whose engine crashed) never reach the control law.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from genrm_operator.api.status import AUTOSCALER_CONDITIONS, ConditionType
+from genrm_operator.core.model import MetricSamples
+from genrm_operator.core.reconcile import reconcile
+
+from .test_reconcile import NOW, make_spec, observe, serving_pod
+
+AUTO = {"mode": "Auto", "minReplicas": 1, "maxReplicas": 8, "intervalSeconds": 2,
+        "metrics": [{"type": "InFlight", "target": {"averageValue": "2"}}]}
+
+
+def test_a_due_decision_comes_out_of_the_same_step_as_the_state_machine() -> None:
+    pods = [serving_pod("judge-0"), serving_pod("judge-1")]
+    samples = MetricSamples({"judge-0": {"InFlight": 6.0}, "judge-1": {"InFlight": 6.0}})
+    plan = reconcile(replace(observe(make_spec(2, autoscaling=AUTO), pods), metrics=samples))
+    types = [c.type for c in plan.status.conditions]
+    assert types[:3] == [ConditionType.AVAILABLE, ConditionType.PROGRESSING, ConditionType.DEGRADED]
+    assert set(types[3:]) == AUTOSCALER_CONDITIONS
+    assert plan.decision is not None and plan.decision.apply and plan.decision.desired_replicas == 6
+    assert plan.status.autoscaler == plan.decision.status
+    assert plan.status.autoscaler is not None and plan.status.autoscaler.desired_replicas == 6
+
+
+def test_between_decisions_the_autoscaler_part_of_the_status_is_carried_over() -> None:
+    pods = [serving_pod("judge-0"), serving_pod("judge-1")]
+    spec = make_spec(2, autoscaling=AUTO)
+    first = reconcile(replace(observe(spec, pods), metrics=MetricSamples({"judge-0": {"InFlight": 2.0},
+                                                                           "judge-1": {"InFlight": 2.0}})))
+    later = reconcile(observe(spec, pods, status=first.status, now=NOW + 1))
+    assert later.decision is None
+    assert later.status == first.status
+
+
+def test_samples_of_a_replica_that_is_not_serving_are_not_capacity_or_load() -> None:
+    crashed = serving_pod("judge-1", restarts=1)  # still labelled published, but Failed to the core
+    pods = [serving_pod("judge-0"), crashed]
+    samples = MetricSamples({"judge-0": {"InFlight": 2.0}, "judge-1": {"InFlight": 100.0}})
+    plan = reconcile(replace(observe(make_spec(2, autoscaling=AUTO), pods), metrics=samples))
+    assert plan.decision is not None
+    assert plan.decision.metrics[0].value == 2.0  # judge-0's alone: judge-1's 100 would make it 51
+    assert plan.decision.desired_replicas == 2
+
+
+def test_mode_off_leaves_no_autoscaler_condition_and_no_decision() -> None:
+    pods = [serving_pod("judge-0")]
+    on = reconcile(replace(observe(make_spec(1, autoscaling=AUTO), pods),
+                           metrics=MetricSamples({"judge-0": {"InFlight": 1.0}})))
+    off = reconcile(replace(observe(make_spec(1), pods, status=on.status), metrics=MetricSamples()))
+    assert off.decision is None
+    assert not {c.type for c in off.status.conditions} & AUTOSCALER_CONDITIONS
