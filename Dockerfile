@@ -16,7 +16,6 @@ COPY pyproject.toml constraints.txt README.md ./
 COPY operator/ operator/
 COPY gateway/ gateway/
 COPY engine/ engine/
-COPY hack/genrm_cluster/ hack/genrm_cluster/
 RUN pip wheel --no-deps --wheel-dir /wheels . \
  && python -m venv /opt/genrm \
  && /opt/genrm/bin/pip install -c constraints.txt /wheels/*.whl

@@ -3,16 +3,18 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt 2>/dev/null | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml hack/pyproject.toml constraints.txt 2>/dev/null | sha1sum | cut -c1-12)
 CLUSTER ?= local
 VERSION := $(shell sed -n "s/^version = \"\(.*\)\"/\1/p" pyproject.toml)
 
 .PHONY: venv tools test unit lint e2e soak dev crds sglang-contract bench-gateway bench-autoscaler images control-plane clean
 
-$(STAMP): pyproject.toml
+## venv: the project and its development tools (hack/pyproject.toml: local cluster, benchmarks, test
+## helpers; never shipped), both editable
+$(STAMP): pyproject.toml hack/pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]' -e ./hack
 	@rm -f $(VENV)/.installed-*; touch $@
 
 venv: $(STAMP)
@@ -64,7 +66,7 @@ sglang-contract: venv
 	$(PY) hack/sglang_contract.py
 
 bench-gateway: venv
-	$(PY) -m genrm_gateway.bench
+	$(PY) -m genrm_bench.gateway
 
 bench-autoscaler: venv control-plane
 	GENRM_BIN_DIR="$$(hack/control-plane.sh)" $(PY) -m e2e.bench_autoscaler

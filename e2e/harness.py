@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import httpx
 from genrm_cluster.cluster import LocalCluster
-from genrm_cluster.controlplane import free_port
+from genrm_testing import free_port
 from kubernetes import client, config
 
 from .plainclients import PlainClients

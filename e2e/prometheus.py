@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 import yaml
-from genrm_sim.testing import launched, wait_ready
+from genrm_testing import launched, wait_ready
 
 from .harness import free_port
 

@@ -3,7 +3,7 @@
 Why: CI machines have no Docker, so tests run against real binaries built from Go modules
 (hack/control-plane.sh). Everything listens on free 127.0.0.1 ports and lives in one work dir
 given by the caller (`LocalCluster` puts it under /dev/shm, so etcd's writes stay in memory);
-`stop()` kills every process group. Flags follow /work/shared/design/local-cluster.md §7.3:
+`stop()` kills every process group. The flags:
 
 * `--advertise-address=127.0.0.1 --endpoint-reconciler-type=none`: no default-route lookup and no
   loopback address written into the `kubernetes` Endpoints (which validation rejects).
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import ssl
 import subprocess
 import time
@@ -33,6 +32,7 @@ from pathlib import Path
 
 import httpx
 import yaml
+from genrm_testing import free_port
 
 from genrm_cluster import procutil
 from genrm_cluster.kubeapi import JSON, ApiError, KubeAPI
@@ -59,14 +59,6 @@ def find_bin_dir() -> Path:
     script = REPO_ROOT / "hack" / "control-plane.sh"
     out = subprocess.run([str(script)], check=True, stdout=subprocess.PIPE, text=True).stdout
     return Path(out.strip().splitlines()[-1])
-
-
-def free_port() -> int:
-    """A currently free TCP port on 127.0.0.1 (the kernel picks it; we release it at once)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def write_kubeconfig(path: Path, server: str, ca: Path, client: CertPair, user: str) -> Path:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from itertools import pairwise
 
 import pytest
+from genrm_bench.simulate import LoadProfile, simulate
 from genrm_operator.api.autoscaling import AutoscalingSpec
-from genrm_operator.autoscaling.simulate import LoadProfile, simulate
 
 SPEC = AutoscalingSpec.model_validate(
     {

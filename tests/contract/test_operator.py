@@ -17,7 +17,7 @@ from genrm_operator.core import children
 from genrm_operator.shell.sidecar import Endpoint, SidecarClient, compare
 from genrm_sim import cli
 from genrm_sim.contract import Contract
-from genrm_sim.testing import run_sim
+from genrm_testing import run_sim
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))

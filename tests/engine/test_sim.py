@@ -15,7 +15,7 @@ import time
 
 import httpx
 import pytest
-from genrm_sim.testing import free_port, run_sim, wait_ready
+from genrm_testing import free_port, run_sim, wait_ready
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from genrm_sim.testing import RunningSim, free_port, launched, run_sim, wait_ready
+from genrm_testing import RunningSim, free_port, launched, run_sim, wait_ready
 
 TOKEN = "test-token"
 AUTH = {"authorization": f"Bearer {TOKEN}"}

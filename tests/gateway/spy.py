@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import h11
-from genrm_sim.testing import free_port
+from genrm_testing import free_port
 
 METRICS = b"sglang:num_running_reqs 0\nsglang:num_queue_reqs 0\nsglang:token_usage 0\n"
 STREAM_CHUNK = b"data: " + b"x" * (64 * 1024 - 8) + b"\n\n"

@@ -24,7 +24,7 @@ import openai
 import pytest
 import requests
 from conftest import Stack, gateway_stack
-from genrm_sim.testing import free_port
+from genrm_testing import free_port
 from spy import serving
 
 pytestmark = pytest.mark.timeout(120)

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 from conftest import Stack, gateway_stack
-from genrm_sim.testing import run_sim
+from genrm_testing import run_sim
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -128,6 +128,14 @@ def test_build_copies_every_package_root() -> None:
             assert any(c.split()[0].rstrip("/") in (root, package) for c in copies), package
 
 
+def test_no_image_copies_the_development_tools() -> None:
+    """hack/ holds the local cluster, the benchmarks and the test helpers (genrm-tools): never shipped."""
+    sources = [word for stage in STAGES.values() for kw, arg in stage.instructions if kw == "COPY"
+               for word in shlex.split(arg)[:-1] if not word.startswith("--")]
+    assert sources
+    assert not [s for s in sources if s.rstrip("/").split("/")[0] == "hack"], sources
+
+
 def _pattern_regex(pattern: str) -> re.Pattern[str]:
     """Docker's pattern syntax: `**` spans directories, `*` and `?` stay within one."""
     parts = re.split(r"(\*\*|\*|\?)", pattern)
@@ -151,7 +159,8 @@ def dockerignored(path: str) -> bool:
 
 def test_dockerignore_keeps_the_sources_and_drops_the_rest() -> None:
     for needed in ("pyproject.toml", "constraints.txt", "README.md", "operator/genrm_operator/__main__.py",
-                   "gateway/genrm_gateway/cli.py", "engine/genrm_sim/cli.py", "hack/genrm_cluster/__init__.py"):
+                   "gateway/genrm_gateway/cli.py", "engine/genrm_sim/cli.py"):
         assert not dockerignored(needed), needed
-    for dropped in (".venv/bin/python", ".git/HEAD", "tests/chart/conftest.py", "charts/genrm-operator/Chart.yaml"):
+    for dropped in (".venv/bin/python", ".git/HEAD", "tests/chart/conftest.py", "charts/genrm-operator/Chart.yaml",
+                    "hack/genrm_cluster/__init__.py", "hack/genrm_bench/gateway.py", "hack/genrm_testing/__init__.py"):
         assert dockerignored(dropped), dropped

@@ -22,7 +22,7 @@ import httpx
 import prometheus_client
 import pytest
 from genrm_operator.shell import metrics
-from genrm_sim.testing import RunningSim, free_port, launched, run_sim, wait_ready
+from genrm_testing import RunningSim, free_port, launched, run_sim, wait_ready
 from prometheus_client.metrics import MetricWrapperBase
 
 from e2e.prometheus import Lint, promtool_check_metrics

@@ -28,7 +28,7 @@ import yaml
 from genrm_contract.sidecar import Series
 from genrm_operator.api.autoscaling import MetricSpec
 from genrm_operator.shell.scrape import DirectSource, PrometheusSource, parse, replica_values
-from genrm_sim.testing import free_port, launched, run_sim, wait_ready
+from genrm_testing import free_port, launched, run_sim, wait_ready
 
 PROMETHEUS = "/usr/bin/prometheus"
 

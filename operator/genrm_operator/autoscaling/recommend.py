@@ -28,13 +28,12 @@ class Recommendation:
 
     ``replicas`` is None when the control law must hold without recording anything (the
     stabilization history only holds what the metrics said). ``reason`` names the rule that
-    decided (a condition reason); ``fallback`` tells that the fallback produced ``replicas``.
+    decided (a condition reason; ``FallbackActive`` when the fallback produced ``replicas``).
     """
 
     replicas: int | None
     reason: str | None
     consecutive_failures: int
-    fallback: bool = False
 
 
 def recommend(
@@ -69,5 +68,5 @@ def _fallback(spec: AutoscalingSpec, current: int, failures: int) -> Recommendat
     if failures < fallback.failure_threshold or fallback.replicas is None:
         return Recommendation(None, "FailedGetMetrics", failures)
     if fallback.policy == "CurrentIfHigher":
-        return Recommendation(max(current, fallback.replicas), "FallbackActive", failures, fallback=True)
-    return Recommendation(fallback.replicas, "FallbackActive", failures, fallback=True)
+        return Recommendation(max(current, fallback.replicas), "FallbackActive", failures)
+    return Recommendation(fallback.replicas, "FallbackActive", failures)

@@ -1,4 +1,4 @@
-"""A closed-loop simulation of a pool under a load profile, for tests and benchmarks.
+"""A closed-loop simulation of a pool under a load profile, for tests.
 
 Load is in units of one replica's capacity, which is the InFlight target. Closed loop
 (the default, like an RL trainer that keeps a batch of judge calls outstanding): ``rate``
@@ -10,9 +10,10 @@ replica serves ``startup_s`` after it is created. The controller is :func:`decid
 InFlight each serving replica would report; its decisions are applied at once, removing
 starting replicas before serving ones (the operator's victim order).
 
-It measures what ``make bench-autoscaler`` reports: reaction (load step to the first
-scale-up), settle (load step to enough serving replicas), flaps (direction changes while
-the load holds) and overshoot (replicas beyond the need while it holds).
+It measures, in simulated time, the figures ``make bench-autoscaler`` measures on the local
+cluster (``e2e/bench_autoscaler.py``): reaction (load step to the first scale-up), settle (load
+step to enough serving replicas), flaps (direction changes while the load holds) and overshoot
+(replicas beyond the need while it holds). ``tests/autoscaling/test_simulation.py`` runs it.
 """
 
 from __future__ import annotations
@@ -23,9 +24,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from genrm_operator.api.autoscaling import AutoscalerStatus, AutoscalingSpec
-
-from .decide import Decision, decide
-from .observation import Observation, ReplicaSample, ReplicaState
+from genrm_operator.autoscaling.decide import Decision, decide
+from genrm_operator.autoscaling.observation import Observation, ReplicaSample, ReplicaState
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -1,7 +1,8 @@
 """Helpers to run the simulator (and its neighbours) as real processes on loopback ports.
 
-Why in the package: the gateway's and the operator's tests and the gateway benchmark all need
-to start an engine, wait for it and stop it cleanly; one implementation keeps them consistent.
+Why one module: the unit and end-to-end tests, the local cluster and the gateway benchmark all need
+free ports and to start an engine, wait for it and stop it cleanly; one implementation keeps them
+consistent. A development tool: the shipped packages never import it.
 """
 
 from __future__ import annotations
