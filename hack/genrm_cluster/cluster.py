@@ -49,13 +49,16 @@ class LocalCluster:
         bin_dir: Path | None = None,
         keep_workdir: bool | None = None,
         crds: Sequence[Path] = (),
+        hollow: bool = False,
+        apiserver_args: Sequence[str] = (),
     ) -> None:
         base = "/dev/shm" if Path("/dev/shm").is_dir() else None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="genrm-cluster-", dir=base))
         self.keep_workdir = (os.environ.get("GENRM_KEEP_WORKDIR") == "1"
                              if keep_workdir is None else keep_workdir)
-        self.control_plane = ControlPlane(self.workdir, bin_dir)
-        self.node_configs = [NodeConfig(f"node-{i + 1}", gpus=gpus_per_node) for i in range(nodes)]
+        self.control_plane = ControlPlane(self.workdir, bin_dir, apiserver_args)
+        self.node_configs = [NodeConfig(f"node-{i + 1}", gpus=gpus_per_node, pods=max(110, gpus_per_node + 10),
+                                        hollow=hollow) for i in range(nodes)]
         self.network = PodNetwork()
         self.crds = tuple(crds)
         self._agent: NodeAgent | None = None

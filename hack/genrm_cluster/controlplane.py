@@ -83,8 +83,10 @@ class ControlPlane:
     `logs` (component name → log file).
     """
 
-    def __init__(self, workdir: Path, bin_dir: Path | None = None) -> None:
+    def __init__(self, workdir: Path, bin_dir: Path | None = None, apiserver_args: Sequence[str] = ()) -> None:
         self.bin_dir = bin_dir or find_bin_dir()
+        self.apiserver_args = tuple(apiserver_args)
+        """Extra kube-apiserver flags (the operator benchmark's audit log), after the defaults."""
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         self.logs: dict[str, Path] = {c: self.workdir / "logs" / f"{c}.log" for c in COMPONENTS}
@@ -159,7 +161,7 @@ class ControlPlane:
             "--enable-aggregator-routing=true",
             "--kubelet-preferred-address-types=InternalIP",
             "--enable-priority-and-fairness=false",
-            "--profiling=false", "--v=1",
+            "--profiling=false", "--v=1", *self.apiserver_args,
         ])
         self._wait_http("kube-apiserver", f"{self.server}/readyz",
                         verify=ssl.create_default_context(cafile=str(pki.ca.cert)))

@@ -141,6 +141,12 @@ class PodNetwork:
         ip("-n", pod.name, "route", "add", self.service_cidr, "via", self.router_ip)
         return pod
 
+    def next_address(self) -> str:
+        """A fresh pod address of the slot without a namespace of its own (hollow pods, hollow.py)."""
+        with self._mutex:
+            self._counter += 1
+            return str(self.network[self._counter + 1])
+
     def service_route_in_place(self, address: str) -> bool:
         """Whether the host routes `address` into this slot's service range via its router.
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import httpx
 
+from genrm_cluster.hollow import HollowNode, HollowPod
 from genrm_cluster.kubeapi import JSON, ApiError, KubeAPI
 from genrm_cluster.netns import PodNetwork
 from genrm_cluster.podrunner import PodRunner, now_rfc3339
@@ -47,6 +48,8 @@ class NodeConfig:
     cpu: str = "32"
     memory: str = "128Gi"
     pods: int = 110
+    hollow: bool = False
+    """Run no containers: one process answers for all its pods' sidecars and engines (hollow.py)."""
 
 
 def _micro_now() -> str:
@@ -62,7 +65,8 @@ class NodeAgent:
         self.nodes = {n.name: n for n in nodes}
         self.workdir = workdir
         self.network = network
-        self.runners: dict[str, PodRunner] = {}  # by pod UID
+        self.runners: dict[str, PodRunner | HollowPod] = {}  # by pod UID
+        self.hollow: HollowNode | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -71,6 +75,9 @@ class NodeAgent:
         """Register the nodes (on the caller's pod network) and start heartbeats and the pod watch."""
         for node in self.nodes.values():
             self._register(node)
+        if any(n.hollow for n in self.nodes.values()):
+            self.hollow = HollowNode(self.network, self.workdir)
+            self.hollow.start()
         for target, name in ((self._heartbeat_loop, "node-heartbeat"), (self._watch_loop, "pod-watch")):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
@@ -79,12 +86,16 @@ class NodeAgent:
     def stop(self) -> None:
         """Kill every pod (no hooks: the whole cluster is going away); the caller owns the network."""
         self._stop.set()
+        if self.hollow is not None:
+            self.hollow.stopping = True
         with self._lock:
             runners = list(self.runners.values())
         for runner in runners:
             runner.kill()
         for runner in runners:
             runner.finished.wait(10.0)
+        if self.hollow is not None:
+            self.hollow.stop()
 
     def log_paths(self, namespace: str, name: str) -> dict[str, Path]:
         """Container name → log file of the newest pod with that name (also after it finished)."""
@@ -219,8 +230,12 @@ class NodeAgent:
                 runner.deleting = True
                 threading.Thread(target=self._finish_deletion, args=(runner, grace), daemon=True).start()
 
-    def _new_runner(self, pod: JSON) -> PodRunner:
+    def _new_runner(self, pod: JSON) -> PodRunner | HollowPod:
         meta = pod["metadata"]
+        if self.hollow is not None and self.nodes[pod["spec"]["nodeName"]].hollow:
+            hollow = self.runners[meta["uid"]] = self.hollow.runner(pod, self._report_status)
+            hollow.start()
+            return hollow
         pod_dir = self.workdir / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
         runner = PodRunner(self.api, pod, self.network, pod_dir, self._report_status)
         self.runners[meta["uid"]] = runner
@@ -229,7 +244,7 @@ class NodeAgent:
         runner.start()
         return runner
 
-    def _finish_deletion(self, runner: PodRunner, grace: float) -> None:
+    def _finish_deletion(self, runner: PodRunner | HollowPod, grace: float) -> None:
         runner.terminate(grace)
         runner.finished.wait()
         if not self._stop.is_set():

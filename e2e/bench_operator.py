@@ -1,0 +1,520 @@
+"""``make bench-operator``: what the operator costs and how fast it acts, beside the ReplicaSet controller.
+
+On the local cluster, for each size (P pools of R replicas, one namespace per pool), with real
+simulator pods or hollow ones (``--hollow``: one process answers for every replica's sidecar and
+engine, `genrm_cluster.hollow`), the operator (a real process, `harness.OperatorProcess`) gets:
+
+* an idle window: operator CPU (``/proc/<pid>/stat``), its API writes and reads, sidecar calls;
+* a scale storm: every pool scaled out by one at once, then (converged) in by one, ``--rounds``
+  times, while a Deployment in the same cluster is scaled out a few times (its pods pin to no
+  node, so only the ReplicaSet controller works).
+
+Figures:
+
+* reaction: the scale request's arrival at the API server to the operator's first pod create
+  (scale-out) or first pod patch (the unpublish of scale-in) in that pool's namespace; for the
+  Deployment, to the ReplicaSet controller's first pod create (``rs_react``). Both ends come from
+  the API server's audit log (microsecond timestamps, the client named by its user agent: the
+  operator's kube client sends ``genrm-operator``, kopf ``kopf/<version>``);
+* publish overhead: pod Ready (the kubelet's report of the sidecar's readiness) to the published
+  label, both as a watch shows them; drain overhead (hollow only): the replica's Drained instant
+  (the hollow server's clock) to the operator's pod delete (audit);
+* cost: operator CPU idle and during the storm (cores), RSS (MB), API writes and reads per minute
+  by the operator (audit: ``apiserver_request_total`` has no client label, so the audit log is
+  where the API server says who wrote), sidecar calls per second (hollow server's count).
+
+Run from the repository root: ``python -m e2e.bench_operator --hollow --sizes 10x5,50x20``.
+The last line is ``operator-bench: pools=P replicas=R react_p50_s= ...`` for the largest size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from genrm_cluster.cluster import LocalCluster
+from genrm_cluster.kubeapi import JSON, ApiError, KubeAPI
+
+from .harness import REPO, Cluster, OperatorProcess, pool_manifest
+
+OPERATOR_AGENTS = ("genrm-operator", "kopf/")
+RS_USER = "system:serviceaccount:kube-system:replicaset-controller"
+RS_NAMESPACE = "bench-rs"
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "None", "verbs": ["watch"]},
+        {"level": "Metadata", "userGroups": ["system:masters"]},
+        {"level": "Metadata", "users": [RS_USER]},
+        {"level": "None"},
+    ],
+}
+WRITES = {"create", "update", "patch", "delete", "deletecollection"}
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# --- measuring -----------------------------------------------------------------------------------
+
+
+def stamp(text: str) -> float:
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+@dataclass
+class Audit:
+    """The API server's audit log, read as it grows."""
+
+    path: Path
+    offset: int = 0
+    events: list[JSON] = field(default_factory=list)
+
+    def read(self) -> list[JSON]:
+        if self.path.exists():
+            with self.path.open("rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+            end = data.rfind(b"\n") + 1
+            self.offset += end
+            for line in data[:end].splitlines():
+                event = json.loads(line)
+                event["t"] = stamp(event["requestReceivedTimestamp"])
+                self.events.append(event)
+        return self.events
+
+    @staticmethod
+    def by_operator(event: JSON) -> bool:
+        return str(event.get("userAgent", "")).startswith(OPERATOR_AGENTS)
+
+    def operator_calls(self, start: float, end: float) -> tuple[int, int]:
+        """(writes, reads) the operator sent between two wall times."""
+        calls = [e for e in self.read() if start <= e["t"] < end and self.by_operator(e)]
+        writes = sum(1 for e in calls if e["verb"] in WRITES)
+        return writes, len(calls) - writes
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return math.nan
+
+
+@dataclass
+class PodWatch:
+    """Pods of the pools as a watch shows them: when each became Ready, published, and its IP."""
+
+    api: KubeAPI
+    ready_at: dict[str, float] = field(default_factory=dict)
+    published_at: dict[str, float] = field(default_factory=dict)
+    ip_of: dict[str, str] = field(default_factory=dict)  # "ns/name" -> pod IP
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> None:
+        threading.Thread(target=self._loop, name="bench-pod-watch", daemon=True).start()
+
+    def _loop(self) -> None:
+        params = {"labelSelector": "genrm.io/pool"}
+        while not self.stop.is_set():
+            try:
+                listing = self.api.get("/api/v1/pods", params=params)
+                for pod in listing["items"]:
+                    self._see(pod, time.time())
+                rv = listing["metadata"]["resourceVersion"]
+                for event in self.api.watch("/api/v1/pods", rv, params, timeout_seconds=300):
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        self._see(event["object"], time.time())
+                    if self.stop.is_set():
+                        return
+            except (ApiError, OSError, ValueError, KeyError) as err:
+                print(f"pod watch restarting: {err}", file=sys.stderr)
+                time.sleep(0.5)
+            except Exception as err:  # httpx errors
+                if not self.stop.is_set():
+                    print(f"pod watch restarting: {err}", file=sys.stderr)
+                    time.sleep(0.5)
+
+    def _see(self, pod: JSON, now: float) -> None:
+        meta, status = pod["metadata"], pod.get("status") or {}
+        uid = meta["uid"]
+        if status.get("podIP"):
+            self.ip_of[f"{meta['namespace']}/{meta['name']}"] = status["podIP"]
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        if ready and uid not in self.ready_at and uid not in self.published_at:
+            self.ready_at[uid] = now
+        if (meta.get("labels") or {}).get("genrm.io/published") == "true" and uid not in self.published_at:
+            self.published_at[uid] = now
+
+    def publish_overheads(self, since: float) -> list[float]:
+        """Ready -> published of the pods that became Ready after ``since`` (and were published)."""
+        return [self.published_at[uid] - t for uid, t in self.ready_at.items()
+                if t >= since and uid in self.published_at]
+
+
+@dataclass
+class Change:
+    """One scale request of the benchmark: where, which way, answered by whom."""
+
+    namespace: str
+    kind: str  # "out", "in" or "rs"
+    sent: float  # wall time just before sending (the audit's arrival time replaces it)
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+# --- the run ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Figures:
+    mode: str
+    pools: int
+    per_pool: int
+    provision_s: float = math.nan
+    react: list[float] = field(default_factory=list)
+    react_out: list[float] = field(default_factory=list)
+    react_in: list[float] = field(default_factory=list)
+    rs_react: list[float] = field(default_factory=list)
+    publish: list[float] = field(default_factory=list)
+    drain_delete: list[float] = field(default_factory=list)
+    cpu_idle: float = math.nan
+    cpu_storm: float = math.nan
+    rss: float = math.nan
+    writes_idle: float = math.nan
+    writes_storm: float = math.nan
+    reads_idle: float = math.nan
+    sidecar_idle: float = math.nan
+    sidecar_storm: float = math.nan
+    missed: int = 0
+
+    @property
+    def replicas(self) -> int:
+        return self.pools * self.per_pool
+
+    def line(self) -> str:
+        return (f"operator-bench: pools={self.pools} replicas={self.replicas} "
+                f"react_p50_s={pct(self.react, .5):.3f} react_p99_s={pct(self.react, .99):.3f} "
+                f"rs_react_p50_s={pct(self.rs_react, .5):.3f} "
+                f"publish_overhead_p50_s={pct(self.publish, .5):.3f} "
+                f"publish_overhead_p99_s={pct(self.publish, .99):.3f} "
+                f"cpu_idle_cores={self.cpu_idle:.3f} rss_mb={self.rss:.0f} api_writes_per_min={self.writes_idle:.1f}")
+
+
+COLUMNS = [
+    ("mode", lambda f: f.mode), ("PxR", lambda f: f"{f.pools}x{f.per_pool}"), ("R", lambda f: f.replicas),
+    ("prov_s", lambda f: f"{f.provision_s:.1f}"),
+    ("react50", lambda f: f"{pct(f.react, .5):.3f}"), ("react99", lambda f: f"{pct(f.react, .99):.3f}"),
+    ("out50", lambda f: f"{pct(f.react_out, .5):.3f}"), ("in50", lambda f: f"{pct(f.react_in, .5):.3f}"),
+    ("rs50", lambda f: f"{pct(f.rs_react, .5):.3f}"), ("rs99", lambda f: f"{pct(f.rs_react, .99):.3f}"),
+    ("pub50", lambda f: f"{pct(f.publish, .5):.3f}"), ("pub99", lambda f: f"{pct(f.publish, .99):.3f}"),
+    ("del50", lambda f: f"{pct(f.drain_delete, .5):.3f}"), ("del99", lambda f: f"{pct(f.drain_delete, .99):.3f}"),
+    ("cpu_idle", lambda f: f"{f.cpu_idle:.3f}"), ("cpu_storm", lambda f: f"{f.cpu_storm:.3f}"),
+    ("rss_mb", lambda f: f"{f.rss:.0f}"), ("wr/min_idle", lambda f: f"{f.writes_idle:.1f}"),
+    ("wr/min_storm", lambda f: f"{f.writes_storm:.0f}"), ("rd/min_idle", lambda f: f"{f.reads_idle:.1f}"),
+    ("sc/s_idle", lambda f: f"{f.sidecar_idle:.1f}"), ("sc/s_storm", lambda f: f"{f.sidecar_storm:.1f}"),
+]
+
+
+def table(rows: Sequence[Figures]) -> str:
+    cells = [[name for name, _ in COLUMNS]] + [[str(get(f)) for _, get in COLUMNS] for f in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells)
+
+
+def growth(rows: Sequence[Figures]) -> Iterator[str]:
+    """How each figure grows from the smallest to the largest size of one mode."""
+    for mode in dict.fromkeys(f.mode for f in rows):
+        sized = [f for f in rows if f.mode == mode]
+        if len(sized) < 2:
+            continue
+        a, b = sized[0], sized[-1]
+        parts = []
+        for name, get in (("react_p99", lambda f: pct(f.react, .99)), ("publish_p50", lambda f: pct(f.publish, .5)),
+                          ("cpu_idle", lambda f: f.cpu_idle), ("cpu_storm", lambda f: f.cpu_storm),
+                          ("rss", lambda f: f.rss), ("writes_idle", lambda f: f.writes_idle),
+                          ("reads_idle", lambda f: f.reads_idle), ("sidecar_idle", lambda f: f.sidecar_idle)):
+            x, y = get(a), get(b)
+            ok = x and not math.isnan(x) and not math.isnan(y)
+            parts.append(f"{name} x{y / x:.2f}" if ok else f"{name} {x:g}->{y:g}")
+        yield (f"growth {mode} {a.pools}x{a.per_pool} -> {b.pools}x{b.per_pool} "
+               f"(pools x{b.pools / a.pools:g}, replicas x{b.replicas / a.replicas:g}): " + ", ".join(parts))
+
+
+class Bench:
+    def __init__(self, local: LocalCluster, audit: Audit, work: Path, hollow: bool, idle_s: float, rounds: int) -> None:
+        self.local, self.audit, self.hollow = local, audit, hollow
+        self.cluster = Cluster(local)
+        self.idle_s, self.rounds = idle_s, rounds
+        cp = local.control_plane
+        self.api = KubeAPI(cp.server, cp.pki.ca.cert, *self._admin_pair(work))
+        self.watch = PodWatch(KubeAPI(cp.server, cp.pki.ca.cert, *self._admin_pair(work)))
+        self.operator = OperatorProcess(self.cluster.kubeconfig, work)
+        self.pools: dict[str, int] = {}  # namespace -> replicas
+        self.pool = ThreadPoolExecutor(16)
+
+    def _admin_pair(self, work: Path) -> tuple[Path, Path]:
+        pair = self.local.control_plane.pki.client_cert("bench", "admin", ("system:masters",))
+        return pair.cert, pair.key
+
+    def start(self) -> None:
+        self.cluster.kubectl("create", "namespace", RS_NAMESPACE)
+        self.cluster.kubectl("apply", "-f", "-", input=json.dumps(deployment()))
+        self.watch.start()
+        self.operator.start()
+
+    def stop(self) -> None:
+        self.watch.stop.set()
+        self.operator.stop()
+        self.pool.shutdown()
+
+    @property
+    def pid(self) -> int:
+        assert self.operator.proc is not None and self.operator.proc.poll() is None, self.operator.log_tail()
+        return self.operator.proc.pid
+
+    def sidecar_calls(self) -> float:
+        agent = self.local.agent
+        return float(agent.hollow.stats()["total"]) if agent.hollow is not None else math.nan
+
+    def resize(self, pools: int, per_pool: int) -> float:
+        """Bring the pools to ``pools`` of ``per_pool`` replicas; seconds until all serve."""
+        start = time.monotonic()
+        wanted = {f"bench-{i}" for i in range(pools)}
+        for ns in sorted(set(self.pools) - wanted):
+            self.cluster.kubectl("delete", "namespace", ns, "--wait=false")
+            del self.pools[ns]
+        for ns in sorted(wanted, key=lambda n: int(n.split("-")[1])):
+            if ns not in self.pools:
+                self.cluster.kubectl("create", "namespace", ns)
+                self.cluster.kubectl("apply", "-f", "-", input=pool_manifest("judge", ns, replicas=per_pool))
+            elif self.pools[ns] != per_pool:
+                self.scale_pool(ns, per_pool)
+            self.pools[ns] = per_pool
+        self.wait_converged(timeout=max(300.0, 1.0 * pools * per_pool))
+        return time.monotonic() - start
+
+    def scale_pool(self, ns: str, replicas: int) -> None:
+        self.api.patch(f"/apis/genrm.io/v1alpha1/namespaces/{ns}/genrmpools/judge/scale",
+                       {"spec": {"replicas": replicas}}, kind="merge-patch")
+
+    def scale_rs(self, replicas: int) -> None:
+        self.api.patch(f"/apis/apps/v1/namespaces/{RS_NAMESPACE}/deployments/rs/scale",
+                       {"spec": {"replicas": replicas}}, kind="merge-patch")
+
+    def wait_converged(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            items = self.api.get("/apis/genrm.io/v1alpha1/genrmpools")["items"]
+            pending = []
+            for pool in items:
+                ns, status = pool["metadata"]["namespace"], pool.get("status") or {}
+                if ns not in self.pools:
+                    continue
+                if not (status.get("servingReplicas") == self.pools[ns] and not status.get("operation")
+                        and status.get("observedGeneration") == pool["metadata"]["generation"]):
+                    pending.append(ns)
+            if len(items) >= len(self.pools) and not pending:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"pools not converged after {timeout:.0f}s: {pending[:5]}\n"
+                                     f"{self.operator.log_tail(30)}")
+            time.sleep(0.5)
+
+    def measure(self, pools: int, per_pool: int) -> Figures:
+        figures = Figures("hollow" if self.hollow else "real", pools, per_pool)
+        figures.provision_s = self.resize(pools, per_pool)
+        time.sleep(3.0)
+        # idle
+        pid = self.pid
+        calls0, cpu0, t0 = self.sidecar_calls(), cpu_seconds(pid), time.time()
+        time.sleep(self.idle_s)
+        calls1, cpu1, t1 = self.sidecar_calls(), cpu_seconds(pid), time.time()
+        figures.cpu_idle = (cpu1 - cpu0) / (t1 - t0)
+        figures.sidecar_idle = (calls1 - calls0) / (t1 - t0)
+        time.sleep(1.0)  # the audit log is written after the response
+        writes, reads = self.audit.operator_calls(t0, t1)
+        figures.writes_idle, figures.reads_idle = writes * 60 / (t1 - t0), reads * 60 / (t1 - t0)
+        # storm
+        changes: list[Change] = []
+        rs_replicas = 0
+        cpu0, t0 = cpu_seconds(pid), time.time()
+        for _ in range(self.rounds):
+            for direction, delta in (("out", 1), ("in", -1)):
+                def change(ns: str, kind: str = direction, d: int = delta) -> Change:
+                    sent = time.time()
+                    self.scale_pool(ns, self.pools[ns] + d)
+                    return Change(ns, kind, sent)
+                futures = [self.pool.submit(change, ns) for ns in self.pools]
+                for _ in range(3):
+                    rs_replicas += 1
+                    changes.append(Change(RS_NAMESPACE, "rs", time.time()))
+                    self.scale_rs(rs_replicas)
+                    time.sleep(0.3)
+                changes += [f.result() for f in futures]
+                for ns in self.pools:
+                    self.pools[ns] += delta
+                self.wait_converged(timeout=max(120.0, 0.5 * pools * per_pool))
+        cpu1, t1 = cpu_seconds(pid), time.time()
+        calls1b = self.sidecar_calls()
+        figures.cpu_storm = (cpu1 - cpu0) / (t1 - t0)
+        figures.sidecar_storm = (calls1b - calls1) / (t1 - t0)
+        figures.rss = rss_mb(pid)
+        self.scale_rs(0)
+        time.sleep(1.5)
+        writes, _ = self.audit.operator_calls(t0, t1)
+        figures.writes_storm = writes * 60 / (t1 - t0)
+        self.reactions(figures, changes)
+        figures.publish = self.watch.publish_overheads(t0)
+        figures.drain_delete = self.drain_deletes(t0, t1)
+        return figures
+
+    def reactions(self, figures: Figures, changes: list[Change]) -> None:
+        events = self.audit.read()
+        scales: dict[str, list[float]] = defaultdict(list)
+        for e in events:
+            ref = e.get("objectRef") or {}
+            if e["verb"] == "patch" and ref.get("subresource") == "scale" and not Audit.by_operator(e):
+                scales[ref.get("namespace", "")].append(e["t"])
+        answers: dict[tuple[str, str], list[float]] = defaultdict(list)
+        for e in events:
+            ref = e.get("objectRef") or {}
+            if ref.get("resource") != "pods" or ref.get("subresource"):
+                continue
+            if Audit.by_operator(e) and e["verb"] in ("create", "patch"):
+                answers[(ref.get("namespace", ""), e["verb"])].append(e["t"])
+            elif e.get("user", {}).get("username") == RS_USER and e["verb"] == "create":
+                answers[(ref.get("namespace", ""), "rs")].append(e["t"])
+        for ns_changes in _by_namespace(changes).values():
+            arrivals = sorted(t for t in scales[ns_changes[0].namespace] if t >= ns_changes[0].sent - 1.0)
+            for i, change in enumerate(ns_changes):
+                arrival = next((t for t in arrivals if t >= change.sent - 0.05), None)
+                if arrival is None:
+                    figures.missed += 1
+                    continue
+                arrivals = [t for t in arrivals if t > arrival]
+                until = ns_changes[i + 1].sent if i + 1 < len(ns_changes) else math.inf
+                verb = {"out": "create", "in": "patch", "rs": "rs"}[change.kind]
+                first = next((t for t in sorted(answers[(change.namespace, verb)]) if arrival <= t < until), None)
+                if first is None:
+                    figures.missed += 1
+                    continue
+                seconds = first - arrival
+                {"out": figures.react_out, "in": figures.react_in, "rs": figures.rs_react}[change.kind].append(seconds)
+                if change.kind != "rs":
+                    figures.react.append(seconds)
+
+    def drain_deletes(self, start: float, end: float) -> list[float]:
+        agent = self.local.agent
+        if agent.hollow is None:
+            return []
+        drained = agent.hollow.stats()["drainedAt"]
+        out = []
+        for e in self.audit.read():
+            ref = e.get("objectRef") or {}
+            if (Audit.by_operator(e) and e["verb"] == "delete" and ref.get("resource") == "pods"
+                    and start <= e["t"] < end + 5):
+                address = self.watch.ip_of.get(f"{ref.get('namespace')}/{ref.get('name')}")
+                if address and drained.get(address):
+                    out.append(e["t"] - drained[address])
+        return out
+
+
+def _by_namespace(changes: list[Change]) -> dict[str, list[Change]]:
+    grouped: dict[str, list[Change]] = defaultdict(list)
+    for c in sorted(changes, key=lambda c: c.sent):
+        grouped[c.namespace].append(c)
+    return grouped
+
+
+def deployment() -> JSON:
+    """Pods pinned to no node: only the ReplicaSet controller acts on a scale."""
+    labels = {"app": "bench-rs"}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "rs", "namespace": RS_NAMESPACE},
+            "spec": {"replicas": 0, "selector": {"matchLabels": labels}, "template": {
+                "metadata": {"labels": labels},
+                "spec": {"nodeSelector": {"genrm.io/bench": "nowhere"},
+                         "containers": [{"name": "c", "image": "none", "command": ["sleep", "1"]}]}}}}
+
+
+def parse_sizes(text: str) -> list[tuple[int, int]]:
+    sizes = []
+    for part in text.split(","):
+        pools, _, per_pool = part.strip().partition("x")
+        sizes.append((int(pools), int(per_pool)))
+    return sizes
+
+
+def run(hollow: bool, sizes: list[tuple[int, int]], idle_s: float, rounds: int) -> list[Figures]:
+    most = max(p * (r + 1) for p, r in sizes)
+    nodes, gpus = (1, most + 16) if hollow else (max(1, math.ceil((most + 2) / 8)), 8)
+    with tempfile.TemporaryDirectory(dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as work_dir:
+        work = Path(work_dir)
+        (work / "audit-policy.json").write_text(json.dumps(AUDIT_POLICY))
+        audit = Audit(work / "audit.log")
+        args = [f"--audit-policy-file={work / 'audit-policy.json'}", f"--audit-log-path={audit.path}",
+                "--audit-log-format=json", "--audit-log-maxbackup=1", "--audit-log-maxsize=2000"]
+        with LocalCluster(nodes=nodes, gpus_per_node=gpus, hollow=hollow, apiserver_args=args,
+                          crds=[REPO / "crds" / "genrm.io_genrmpools.yaml"]) as local:
+            bench = Bench(local, audit, work, hollow, idle_s, rounds)
+            bench.start()
+            results = []
+            try:
+                for pools, per_pool in sizes:
+                    figures = bench.measure(pools, per_pool)
+                    results.append(figures)
+                    print(table([figures]).splitlines()[1], flush=True)
+            finally:
+                bench.stop()
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench_operator", description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default=os.environ.get("SIZES") or "",
+                        help="PxR,... (pools x replicas per pool); default 10x5,50x20 hollow, 5x3,20x3 real")
+    parser.add_argument("--hollow", action="store_true", help="hollow replicas only")
+    parser.add_argument("--real", action="store_true", help="real simulator pods only")
+    parser.add_argument("--idle-seconds", type=float, default=float(os.environ.get("IDLE_SECONDS", 30)))
+    parser.add_argument("--rounds", type=int, default=int(os.environ.get("ROUNDS", 2)))
+    args = parser.parse_args(argv)
+    os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
+    modes = [True] if args.hollow else [False] if args.real else [False, True]
+    results: list[Figures] = []
+    for hollow in modes:
+        sizes = parse_sizes(args.sizes or ("10x5,50x20" if hollow else "5x3,20x3"))
+        results += run(hollow, sorted(sizes, key=lambda s: s[0] * s[1]), args.idle_seconds, args.rounds)
+    print()
+    print(table(results))
+    for line in growth(results):
+        print(line)
+    misses = sum(f.missed for f in results)
+    if misses:
+        print(f"note: {misses} scale changes without a matched answer in the audit log")
+    largest = max(results, key=lambda f: (f.mode == "hollow", f.replicas))
+    print(largest.line())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,36 @@
+"""A smoke of ``make bench-operator``: 2 hollow pools of 2 replicas, the last line parses and is finite.
+
+The benchmark is not a timed test (its figures depend on the machine); this only keeps it working.
+It starts a cluster of its own (a second pod-network slot), so it runs beside the suite's cluster.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+
+from .harness import REPO
+
+LINE = re.compile(
+    r"^operator-bench: pools=(?P<pools>\d+) replicas=(?P<replicas>\d+) react_p50_s=(?P<react_p50_s>\S+) "
+    r"react_p99_s=(?P<react_p99_s>\S+) rs_react_p50_s=(?P<rs_react_p50_s>\S+) "
+    r"publish_overhead_p50_s=(?P<publish_overhead_p50_s>\S+) publish_overhead_p99_s=(?P<publish_overhead_p99_s>\S+) "
+    r"cpu_idle_cores=(?P<cpu_idle_cores>\S+) rss_mb=(?P<rss_mb>\S+) api_writes_per_min=(?P<api_writes_per_min>\S+)$")
+
+
+def test_bench_operator_smoke() -> None:
+    done = subprocess.run([sys.executable, "-m", "e2e.bench_operator", "--hollow", "--sizes", "2x2",
+                           "--idle-seconds", "5", "--rounds", "1"],
+                          cwd=REPO, env=os.environ, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    last = done.stdout.strip().splitlines()[-1]
+    match = LINE.match(last)
+    assert match, last
+    figures = {k: float(v) for k, v in match.groupdict().items()}
+    assert figures["pools"] == 2 and figures["replicas"] == 4, last
+    assert all(math.isfinite(v) and v >= 0 for v in figures.values()), last
+    for positive in ("react_p50_s", "react_p99_s", "rs_react_p50_s", "publish_overhead_p50_s", "rss_mb"):
+        assert figures[positive] > 0, last

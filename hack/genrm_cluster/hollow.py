@@ -1,0 +1,552 @@
+"""Hollow replicas: one process answers for the sidecars and engines of many pods (as kubemark's
+hollow kubelets do for nodes), so the operator can be measured against 1,000 replicas on 2 cores.
+
+Why this shape: the operator must see what it sees in a real cluster, namely pods with real,
+non-loopback pod IPs in EndpointSlices, readiness that follows the sidecar, and a sidecar per
+pod IP that speaks the drain protocol of `genrm_contract.sidecar`. So:
+
+* A hollow node (``NodeConfig(hollow=True)``) runs none of its pods' containers. The agent gives
+  each hollow pod a fresh address of the pod network, all of them on the ``eth0`` of one network
+  namespace (`HollowNode`, created with the first address as its own), and reports the pod
+  Running with that podIP.
+* One asyncio server (`serve`, started in that namespace) listens on the traffic and control
+  ports on every address and dispatches by the local address a connection came in on: each pod
+  IP is one `HollowReplica`, registered by the agent with the timings its pod spec gives
+  (``--sim-startup-seconds`` of the engine, ``--quiet-seconds`` and ``--propagation-seconds`` of
+  the gateway).
+* The replica implements the contract's control API (ready, live, state, drain, undrain, a small
+  ``/metrics``) with the gateway's drain state machine: Serving -> SoftDrain -> Fenced -> Drained
+  once fenced and idle for the quiet period (a fence without a soft drain first soft-drains for
+  the propagation window, as the gateway does); requests complete at once, so in-flight is 0.
+  The traffic port answers ``/model_info`` and the operator's verification probes
+  (``/generate``, ``/classify``) with answers that depend only on the prompt and the sampling
+  seed, so every replica of a pool agrees; refused with 503 ``draining`` once fenced.
+* Readiness: the agent asks the server for every replica's readiness once per probe period
+  (one request for all) and reports a pod's Ready condition when it changes, so a draining
+  replica goes unready as a real one does. On deletion the pod's address is removed and the
+  object deleted at once (no preStop: the operator deletes only drained replicas).
+* Not emulated: the bearer token is only required to be present, and there is no engine load.
+
+Admin routes (``/hollow/...`` on the control port) register and forget replicas and report
+readiness and call counts (the benchmark's "sidecar calls per second").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import logging
+import queue
+import resource
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from genrm_contract.sidecar import (
+    CONTROL_PORT,
+    DRAIN_PATH,
+    LIVE_PATH,
+    METRICS_PATH,
+    PROPAGATION_SECONDS,
+    QUIET_SECONDS,
+    READY_PATH,
+    REASON_HEADER,
+    STATE_PATH,
+    TRAFFIC_PORT,
+    UNDRAIN_PATH,
+    DrainRequest,
+    DrainState,
+    EngineReport,
+    Phase,
+    Reason,
+    Series,
+    StateDocument,
+    UndrainRequest,
+)
+from pydantic import ValidationError
+
+from genrm_cluster.kubeapi import JSON
+from genrm_cluster.netns import PodNetns, PodNetwork, ip
+
+log = logging.getLogger("genrm_cluster.hollow")
+
+ADMIN = "/hollow"
+READY_POLL_SECONDS = 1.0
+"""The gateway container's readiness probe period (core/children.py)."""
+WORKERS = 4
+"""Threads carrying out hollow pods' work (address, registration, status); a pod always uses the same one."""
+
+# --- the server: many replicas in one process ---------------------------------------------------
+
+
+@dataclass
+class HollowReplica:
+    """One pod's sidecar and engine. Times are ``time.monotonic()``; ``drained_at`` is wall time."""
+
+    startup: float = 0.0
+    quiet: float = QUIET_SECONDS
+    propagation: float = PROPAGATION_SECONDS
+    generation: bool = True
+    registered: float = field(default_factory=time.monotonic)
+    state: DrainState = DrainState.SERVING
+    drain_id: str | None = None
+    fence_at: float | None = None
+    fenced: float = 0.0
+    idle_since: float = field(default_factory=time.monotonic)
+    drained_at: float | None = None
+    admitted: int = 0
+    refused: int = 0
+
+    def engine_up(self, now: float) -> bool:
+        return now >= self.registered + self.startup
+
+    def current(self, now: float) -> DrainState:
+        """The gateway's DrainController.state: a deferred fence comes due, a quiet fence is Drained."""
+        if self.state is DrainState.SOFT_DRAIN and self.fence_at is not None and now >= self.fence_at:
+            self.fenced, self.fence_at, self.state = self.fence_at, None, DrainState.FENCED
+        if self.state is DrainState.FENCED and now - self.idle_since >= self.quiet:
+            self.state = DrainState.DRAINED
+            self.drained_at = time.time() - (now - max(self.fenced, self.idle_since + self.quiet))
+        return self.state
+
+    def drain(self, request: DrainRequest, now: float) -> bool:
+        """False: another drain is in progress (409)."""
+        state = self.current(now)
+        if state is not DrainState.SERVING and request.drain_id != self.drain_id:
+            return False
+        if request.quiet_seconds is not None:
+            self.quiet = request.quiet_seconds
+        self.drain_id = request.drain_id
+        if request.phase is Phase.FENCE and state is DrainState.SERVING:
+            self.fence_at, self.state = now + self.propagation, DrainState.SOFT_DRAIN
+        elif request.phase is Phase.FENCE and state is DrainState.SOFT_DRAIN and self.fence_at is None:
+            self.fenced, self.state = now, DrainState.FENCED
+        elif request.phase is Phase.SOFT and state is DrainState.SERVING:
+            self.state = DrainState.SOFT_DRAIN
+        return True
+
+    def undrain(self, request: UndrainRequest, now: float) -> bool:
+        state = self.current(now)
+        if state is DrainState.SERVING:
+            return True
+        if state is DrainState.DRAINED or request.drain_id != self.drain_id:
+            return False
+        self.state, self.drain_id, self.fence_at = DrainState.SERVING, None, None
+        return True
+
+    def document(self, now: float) -> dict[str, Any]:
+        up = self.engine_up(now)
+        return StateDocument(
+            state=self.current(now), drain_id=self.drain_id, inflight=0, admitted_total=self.admitted,
+            completed_total=self.admitted, refused_total=self.refused,
+            engine=EngineReport(up=up, healthy=up, running_requests=0 if up else None,
+                                queued_requests=0 if up else None, token_usage=0.0 if up else None),
+            idle_since_seconds=round(now - self.idle_since, 3),
+        ).wire()
+
+    def ready(self, now: float) -> bool:
+        return self.engine_up(now) and self.current(now) is DrainState.SERVING
+
+
+Reply = tuple[int, bytes, dict[str, str]]
+
+
+def _json(code: int, doc: Any, headers: dict[str, str] | None = None) -> Reply:
+    return code, json.dumps(doc).encode(), headers or {}
+
+
+def _refuse(code: int, reason: str, message: str) -> Reply:
+    return _json(code, {"error": {"code": code, "reason": reason, "message": message}}, {REASON_HEADER: reason})
+
+
+def answer_text(prompt: str, seed: object) -> str:
+    """The same for every replica given the prompt and the sampling seed (verification compares them)."""
+    return "hollow-" + hashlib.sha256(f"{seed}|{prompt}".encode()).hexdigest()[:24]
+
+
+class HollowServer:
+    """Replicas by pod IP, and the ASGI app that answers for all of them."""
+
+    def __init__(self, traffic_port: int = TRAFFIC_PORT, control_port: int = CONTROL_PORT) -> None:
+        self.traffic_port, self.control_port = traffic_port, control_port
+        self.replicas: dict[str, HollowReplica] = {}
+        self.forgotten: set[str] = set()
+        self.drained_at: dict[str, float] = {}
+        """Wall time each replica (by address) became Drained, kept after it is forgotten."""
+        self.calls: Counter[str] = Counter()
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Callable[[], Awaitable[Any]],
+                       send: Callable[[Any], Awaitable[None]]) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        local, port = scope["server"]
+        headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        code, payload, extra = self.handle(local, port, scope["method"], scope["path"], headers, body)
+        out = [(b"content-type", b"application/json"), *((k.encode(), v.encode()) for k, v in extra.items())]
+        await send({"type": "http.response.start", "status": code, "headers": out})
+        await send({"type": "http.response.body", "body": payload})
+
+    def handle(self, local: str, port: int, method: str, path: str, headers: dict[str, str], body: bytes) -> Reply:
+        if path.startswith(ADMIN + "/"):
+            return self.admin(method, path[len(ADMIN):], body)
+        replica = self.replicas.get(local)
+        if replica is None:
+            return _refuse(503, "engineDown", f"no hollow replica at {local}")
+        now = time.monotonic()
+        if port == self.control_port:
+            if path != READY_PATH:
+                self.calls[f"control {method} {path}"] += 1
+            return self.control(replica, method, path, headers, body, now)
+        self.calls[f"traffic {method} {path}"] += 1
+        return self.traffic(replica, method, path, body, now)
+
+    def control(self, replica: HollowReplica, method: str, path: str, headers: dict[str, str], body: bytes,
+                now: float) -> Reply:
+        if path == LIVE_PATH:
+            return _json(200, {"status": "live"})
+        if path == READY_PATH:
+            if replica.ready(now):
+                return _json(200, {"ready": True})
+            return _refuse(503, "engineDown" if not replica.engine_up(now) else Reason.DRAINING, "not ready")
+        if path == METRICS_PATH:
+            state = replica.current(now)
+            lines = [f"{Series.INFLIGHT} 0", f"{Series.ENGINE_UP} {int(replica.engine_up(now))}",
+                     f"{Series.ENGINE_RUNNING} 0", f"{Series.ENGINE_QUEUED} 0", f"{Series.ENGINE_KV_CACHE} 0",
+                     *(f'{Series.DRAIN_STATE}{{state="{s.value}"}} {int(s is state)}' for s in DrainState)]
+            return 200, ("\n".join(lines) + "\n").encode(), {"content-type": "text/plain; version=0.0.4"}
+        if path not in (STATE_PATH, DRAIN_PATH, UNDRAIN_PATH):
+            return _refuse(404, "notFound", "not found")
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return _refuse(401, "unauthenticated", "a bearer token is required")
+        if path == STATE_PATH and method == "GET":
+            return _json(200, replica.document(now))
+        if method != "POST":
+            return _refuse(405, "methodNotAllowed", "method not allowed")
+        try:
+            if path == DRAIN_PATH:
+                ok = replica.drain(DrainRequest.model_validate_json(body), now)
+            else:
+                ok = replica.undrain(UndrainRequest.model_validate_json(body), now)
+        except ValidationError as exc:
+            return _refuse(400, "badRequest", str(exc.errors()[:1]))
+        if not ok:
+            return _refuse(409, "drainConflict", f"drain in progress has drain id {replica.drain_id!r}")
+        return _json(200, replica.document(now))
+
+    def traffic(self, replica: HollowReplica, method: str, path: str, body: bytes, now: float) -> Reply:
+        if not replica.engine_up(now):
+            return _refuse(503, Reason.ENGINE_UNAVAILABLE, "engine starting")
+        if path == "/model_info" and method == "GET":
+            return _json(200, {"model_path": "hollow", "is_generation": replica.generation})
+        if path == "/v1/models" and method == "GET":
+            return _json(200, {"object": "list", "data": [{"id": "hollow", "object": "model"}]})
+        if path not in ("/generate", "/classify") or method != "POST":
+            return _refuse(404, "notFound", "not found")
+        if replica.current(now) in (DrainState.FENCED, DrainState.DRAINED):
+            replica.refused += 1
+            return _refuse(503, Reason.DRAINING, "the replica is draining")
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            return _refuse(400, "invalidJson", "invalid JSON")
+        replica.admitted += 1
+        replica.idle_since = now
+        prompt = str(doc.get("text", ""))
+        if path == "/classify":
+            score = int(hashlib.sha256(prompt.encode()).hexdigest()[:6], 16) / 0xFFFFFF
+            return _json(200, {"embedding": [score], "meta_info": {"id": "hollow", "finish_reason": None}})
+        text = answer_text(prompt, (doc.get("sampling_params") or {}).get("sampling_seed"))
+        return _json(200, {"text": text, "meta_info": {"id": "hollow", "finish_reason": {"type": "stop"},
+                                                       "prompt_tokens": len(prompt.split()), "completion_tokens": 8}})
+
+    def admin(self, method: str, path: str, body: bytes) -> Reply:
+        now = time.monotonic()
+        if path == "/replicas" and method == "POST":
+            doc = json.loads(body)
+            self.forgotten.discard(doc["ip"])
+            self.replicas[doc["ip"]] = HollowReplica(
+                startup=float(doc.get("startupSeconds", 0)), quiet=float(doc.get("quietSeconds", QUIET_SECONDS)),
+                propagation=float(doc.get("propagationSeconds", PROPAGATION_SECONDS)),
+                generation=bool(doc.get("generation", True)))
+            return _json(200, {})
+        if path == "/forget" and method == "POST":
+            address = json.loads(body)["ip"]
+            gone = self.replicas.pop(address, None)
+            if gone is not None and gone.current(now) is DrainState.DRAINED and gone.drained_at is not None:
+                self.drained_at[address] = gone.drained_at
+            self.forgotten.add(address)
+            return _json(200, {})
+        if path == "/ready":
+            return _json(200, {a: r.ready(now) for a, r in self.replicas.items()})
+        if path == "/stats":
+            drained = {**self.drained_at, **{a: r.drained_at for a, r in self.replicas.items()
+                                             if r.current(now) is DrainState.DRAINED}}
+            return _json(200, {"calls": dict(self.calls), "total": sum(self.calls.values()),
+                               "replicas": len(self.replicas), "drainedAt": drained})
+        return _refuse(404, "notFound", "no such admin route")
+
+
+def serve(traffic_port: int, control_port: int) -> None:
+    """Run the hollow server on every address of the current network namespace until killed."""
+    import uvicorn
+
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    sockets = []
+    for port in (traffic_port, control_port):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("0.0.0.0", port))
+        sock.listen(4096)
+        sockets.append(sock)
+    config = uvicorn.Config(HollowServer(traffic_port, control_port), http="httptools", lifespan="off",
+                            access_log=False, log_level="warning", timeout_keep_alive=75, backlog=4096)
+    asyncio.run(uvicorn.Server(config).serve(sockets=sockets))
+
+
+# --- the node side: addresses, registration, pod status -----------------------------------------
+
+
+def _arg(args: list[str], flag: str, default: str) -> str:
+    """The value after ``flag`` (or of ``flag=value``) in a container's args."""
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return default
+
+
+def replica_timings(pod: JSON) -> dict[str, Any]:
+    """What the hollow replica takes from the pod spec: the engine's start-up, the gateway's drain timings."""
+    args: list[str] = []
+    for c in pod["spec"]["containers"]:
+        args += [str(a) for a in [*(c.get("command") or []), *(c.get("args") or [])]]
+    return {"startupSeconds": float(_arg(args, "--sim-startup-seconds", "1")),
+            "quietSeconds": float(_arg(args, "--quiet-seconds", str(QUIET_SECONDS))),
+            "propagationSeconds": float(_arg(args, "--propagation-seconds", str(PROPAGATION_SECONDS))),
+            "generation": "--sim-classifier" not in args}
+
+
+def _now_rfc3339() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+StatusSink = Callable[[JSON, JSON], bool]
+
+
+class HollowPod:
+    """The agent's runner for one hollow pod (the interface NodeAgent uses of a PodRunner)."""
+
+    def __init__(self, node: HollowNode, pod: JSON, on_status: StatusSink) -> None:
+        self.node, self.pod, self.on_status = node, pod, on_status
+        self.address: str | None = None
+        self.ready = False
+        self.deleting = False
+        self.finished = threading.Event()
+        self.started_at = _now_rfc3339()
+        self._transitions: dict[str, tuple[str, str]] = {}
+        self._worker = node.worker_for(pod["metadata"]["uid"])
+
+    @property
+    def key(self) -> str:
+        return f"{self.pod['metadata']['namespace']}/{self.pod['metadata']['name']}"
+
+    def log_paths(self) -> dict[str, Path]:
+        return {}
+
+    def start(self) -> None:
+        self._worker.put(self._start)
+
+    def terminate(self, grace_seconds: float) -> None:
+        self._worker.put(self._stop)
+
+    def kill(self) -> None:
+        if self.node.stopping:
+            self.finished.set()  # the whole namespace goes with the node
+        else:
+            self._worker.put(self._stop)
+
+    def set_ready(self, ready: bool) -> None:
+        if ready != self.ready and self.address is not None and not self.finished.is_set():
+            self.ready = ready
+            self._worker.put(self._report)
+
+    def _start(self) -> None:
+        if self.finished.is_set():
+            return
+        self.address = self.node.add_replica(self.pod)
+        self.node.track(self)
+        self._report()
+
+    def _stop(self) -> None:
+        if self.finished.is_set():
+            return
+        if self.address is not None:
+            self.node.remove_replica(self.address)
+        self.ready = False
+        self.finished.set()
+
+    def _report(self) -> None:
+        for _ in range(5):
+            if self.finished.is_set() or self.on_status(self.pod, self.status()):
+                return
+            time.sleep(0.5)
+
+    def _condition(self, kind: str, ok: bool) -> JSON:
+        status = "True" if ok else "False"
+        previous = self._transitions.get(kind)
+        if previous is None or previous[0] != status:
+            self._transitions[kind] = (status, _now_rfc3339())
+        return {"type": kind, "status": status, "lastProbeTime": None,
+                "lastTransitionTime": self._transitions[kind][1]}
+
+    def status(self) -> JSON:
+        host = self.node.network.host_ip
+        ready = self.ready
+        containers = [{"name": c["name"], "image": c.get("image", ""), "imageID": "", "restartCount": 0,
+                       "ready": ready or not c.get("readinessProbe"), "started": True,
+                       "state": {"running": {"startedAt": self.started_at}},
+                       "containerID": f"hollow://{self.pod['metadata']['uid'][:8]}-{c['name']}"}
+                      for c in self.pod["spec"]["containers"]]
+        return {
+            "phase": "Running", "hostIP": host, "hostIPs": [{"ip": host}], "startTime": self.started_at,
+            "podIP": self.address, "podIPs": [{"ip": self.address}],
+            "conditions": [self._condition("PodReadyToStartContainers", True),
+                           self._condition("Initialized", True),
+                           self._condition("ContainersReady", ready), self._condition("Ready", ready)],
+            "containerStatuses": containers,
+        }
+
+
+class HollowNode:
+    """The namespace holding every hollow pod's address, the server in it, and the readiness loop."""
+
+    def __init__(self, network: PodNetwork, workdir: Path) -> None:
+        self.network = network
+        self.workdir = workdir
+        self.netns: PodNetns | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pods: dict[str, HollowPod] = {}  # by address
+        self.stopping = False
+        self._lock = threading.Lock()
+        self._queues: list[queue.Queue[Callable[[], None]]] = [queue.Queue() for _ in range(WORKERS)]
+        self._http = httpx.Client(timeout=5.0)
+
+    @property
+    def admin_url(self) -> str:
+        assert self.netns is not None
+        return f"http://{self.netns.ip}:{CONTROL_PORT}{ADMIN}"
+
+    def start(self) -> None:
+        self.netns = self.network.add_pod()
+        log_path = self.workdir / "hollow.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("ab") as out:
+            self.proc = subprocess.Popen([*self.netns.exec_prefix(), sys.executable, "-m", "genrm_cluster.hollow",
+                                          "--port", str(TRAFFIC_PORT), "--control-port", str(CONTROL_PORT)],
+                                         stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self._http.get(f"{self.admin_url}/stats").raise_for_status()
+                break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError(f"hollow server did not start; see {log_path}") from None
+                time.sleep(0.1)
+        for q in self._queues:
+            threading.Thread(target=self._work, args=(q,), name="hollow-worker", daemon=True).start()
+        threading.Thread(target=self._readiness_loop, name="hollow-ready", daemon=True).start()
+        log.info("hollow node: server pid %d in %s at %s", self.proc.pid, self.netns.name, self.netns.ip)
+
+    def stop(self) -> None:
+        self.stopping = True
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._http.close()
+
+    def stats(self) -> JSON:
+        result: JSON = self._http.get(f"{self.admin_url}/stats").json()
+        return result
+
+    def worker_for(self, uid: str) -> queue.Queue[Callable[[], None]]:
+        return self._queues[int(hashlib.sha1(uid.encode()).hexdigest()[:8], 16) % WORKERS]
+
+    def runner(self, pod: JSON, on_status: StatusSink) -> HollowPod:
+        return HollowPod(self, pod, on_status)
+
+    def add_replica(self, pod: JSON) -> str:
+        assert self.netns is not None
+        address = self.network.next_address()
+        ip("-n", self.netns.name, "addr", "add", f"{address}/32", "dev", "eth0")
+        self._http.post(f"{self.admin_url}/replicas", json={"ip": address, **replica_timings(pod)}).raise_for_status()
+        return address
+
+    def track(self, pod: HollowPod) -> None:
+        """Follow the pod's readiness from now on."""
+        if pod.address is not None:
+            with self._lock:
+                self.pods[pod.address] = pod
+
+    def remove_replica(self, address: str) -> None:
+        assert self.netns is not None
+        with self._lock:
+            self.pods.pop(address, None)
+        try:
+            self._http.post(f"{self.admin_url}/forget", json={"ip": address})
+        except httpx.HTTPError as err:
+            log.info("hollow: forget %s: %s", address, err)
+        ip("-n", self.netns.name, "addr", "del", f"{address}/32", "dev", "eth0", check=False)
+
+    def _work(self, q: queue.Queue[Callable[[], None]]) -> None:
+        while not self.stopping:
+            task = q.get()
+            try:
+                task()
+            except Exception:
+                log.exception("hollow: task failed")
+
+    def _readiness_loop(self) -> None:
+        while not self.stopping:
+            time.sleep(READY_POLL_SECONDS)
+            try:
+                ready: dict[str, bool] = self._http.get(f"{self.admin_url}/ready").json()
+            except (httpx.HTTPError, ValueError, RuntimeError) as err:  # RuntimeError: closed at stop
+                if not self.stopping:
+                    log.info("hollow: readiness poll failed: %s", err)
+                continue
+            with self._lock:
+                pods = list(self.pods.items())
+            for address, pod in pods:
+                pod.set_ready(ready.get(address, False))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="genrm_cluster.hollow", description="hollow replica server")
+    parser.add_argument("--port", type=int, default=TRAFFIC_PORT)
+    parser.add_argument("--control-port", type=int, default=CONTROL_PORT)
+    args = parser.parse_args(argv)
+    serve(args.port, args.control_port)
+
+
+if __name__ == "__main__":
+    main()
