@@ -60,3 +60,12 @@ def test_mode_off_leaves_no_autoscaler_condition_and_no_decision() -> None:
     off = reconcile(replace(observe(make_spec(1), pods, status=on.status), metrics=MetricSamples()))
     assert off.decision is None
     assert not {c.type for c in off.status.conditions} & AUTOSCALER_CONDITIONS
+
+
+def test_a_surge_replica_of_a_rollout_is_capacity_on_the_way_not_a_reason_to_scale() -> None:
+    outdated = [serving_pod("judge-0", revision="old"), serving_pod("judge-1", revision="old")]
+    surge = serving_pod("judge-2", published=False, ever_published=False, ready=False, verification="")
+    samples = MetricSamples({"judge-0": {"InFlight": 2.0}, "judge-1": {"InFlight": 2.0}})
+    plan = reconcile(replace(observe(make_spec(2, autoscaling=AUTO), [*outdated, surge]), metrics=samples))
+    assert plan.status.operation is not None and plan.status.operation.type == "Rollout"
+    assert plan.decision is not None and plan.decision.desired_replicas == 2

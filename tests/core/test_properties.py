@@ -54,8 +54,10 @@ TICKS = (1, 2, 5, 30)
 
 
 def make_spec(replicas: int, propagation: int, quiet: int, timeout: int, on_timeout: str,
-              verification: bool, startup: int) -> GenRMPoolSpec:
+              verification: bool, startup: int, surge: int = 1, unavailable: int = 0,
+              strategy: str = "RollingUpdate") -> GenRMPoolSpec:
     return GenRMPoolSpec.model_validate({
+        "updateStrategy": {"type": strategy, "rollingUpdate": {"maxSurge": surge, "maxUnavailable": unavailable}},
         "replicas": replicas,
         "model": {"path": "org/judge-7b"},
         "engine": {"startupTimeoutSeconds": startup},
@@ -98,11 +100,13 @@ def sequences(kinds: tuple[str, ...]) -> st.SearchStrategy[list[list[Ev]]]:
 
 def convergence_budget(world: World) -> int:
     """Steps within which a healthy world must converge: the longest create back-off, a slow
-    start timing out, two drains running into their timeout, plus slack for a few steps."""
+    start timing out, two drains running into their timeout, plus slack for a few steps; and
+    for a rollout, one replacement (start, verify, drain) per replica."""
     spec = world.spec
     drain = spec.drain
-    seconds = (BACKOFF_MAX_SECONDS + spec.engine.startup_timeout_seconds
-               + 2 * (drain.propagation_seconds + drain.quiet_seconds + drain.timeout_seconds) + 60)
+    drain_s = drain.propagation_seconds + drain.quiet_seconds + drain.timeout_seconds
+    replacements = max(spec.replicas, len(world.pods)) * (world.warmup + 4 * CALM_DT + drain_s)
+    seconds = (BACKOFF_MAX_SECONDS + spec.engine.startup_timeout_seconds + 2 * drain_s + 60 + replacements)
     return math.ceil(seconds / CALM_DT)
 
 
@@ -179,3 +183,40 @@ def test_failures_and_short_capacity_are_repaired_once_the_world_heals(
     spec: GenRMPoolSpec, steps: list[list[Ev]], gpus: int
 ) -> None:
     run(spec, steps, gpus=gpus)
+
+
+ROLLOUT_KINDS = (
+    "none", "template", "template", "template", "pause", "scale", "scale", "arrive", "arrive", "finish",
+    "crash", "fail", "slow", "perturb", "gpus", "tick", "lose", "lag", "unreachable", "admin_delete",
+)
+
+
+def rollout_specs() -> st.SearchStrategy[GenRMPoolSpec]:
+    return st.builds(
+        make_spec,
+        replicas=st.integers(1, 4),
+        propagation=st.integers(0, 2),
+        quiet=st.integers(0, 1),
+        timeout=st.just(8),
+        on_timeout=st.sampled_from(["Fail", "Force"]),
+        verification=st.booleans(),
+        startup=st.just(20),
+        surge=st.integers(0, 2),
+        unavailable=st.integers(0, 2),
+        strategy=st.sampled_from(["RollingUpdate", "RollingUpdate", "RollingUpdate", "OnDelete"]),
+    ).filter(lambda s: s.update_strategy.rolling_update.max_surge + s.update_strategy.rolling_update.max_unavailable)
+
+
+@budget(600)
+@given(spec=rollout_specs(), steps=sequences(ROLLOUT_KINDS), gpus=st.integers(1, 8))
+def test_rollouts_mixed_with_scaling_and_faults_keep_every_promise(
+    spec: GenRMPoolSpec, steps: list[list[Ev]], gpus: int
+) -> None:
+    """Template changes, pauses, scale changes and faults in any order: the world's checks hold
+    (published only when ready and verified, no request lost, at most replicas + maxSurge pods
+    during a rollout, a rollout never takes the serving count below replicas - maxUnavailable)
+    and the healed pool ends with every replica on the current template (OnDelete: untouched)."""
+    world = run(spec, steps, gpus=gpus)
+    if spec.update_strategy.type == "RollingUpdate":
+        assert {p.revision for p in world.pods.values()} <= {world.revision}
+        assert world.status.updated_replicas == world.spec.replicas == world.status.replicas

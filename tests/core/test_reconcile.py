@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 from genrm_operator.api.pool import GenRMPoolSpec, GenRMPoolStatus
 from genrm_operator.api.status import HISTORY_LIMIT, HistoryEntry, Operation
+from genrm_operator.core.children import template_revision
 from genrm_operator.core.classify import Replica, Role, classify
 from genrm_operator.core.clock import stamp
 from genrm_operator.core.conditions import find
@@ -69,9 +70,15 @@ def make_spec(replicas: int = 1, **wire: Any) -> GenRMPoolSpec:
     return GenRMPoolSpec.model_validate(doc)
 
 
+REVISION = template_revision(POOL, make_spec())
+
+
 def serving_pod(name: str, created_at: float = START, **changes: Any) -> PodView:
+    """A published replica made from ``make_spec()``'s pod template (the revision of every ``make_spec``
+    without template changes)."""
     fields: dict[str, Any] = dict(uid=f"uid-{name}", created_at=created_at, phase="Running", ready=True,
-                                  published=True, ever_published=True, verification="passed")
+                                  published=True, ever_published=True, verification="passed",
+                                  revision=REVISION)
     fields.update(changes)
     return PodView(name=name, **fields)
 
@@ -329,10 +336,10 @@ def test_victims_are_unpublished_or_not_ready_first_then_fewest_in_flight_then_n
                                                                                           inflight=9)),
     }
     replicas = classify(tuple(p for p, _ in pods.values()), {n: s for n, (_, s) in pods.items()}, NOW, 1e9)
-    order = [r.pod.name for r in choose_victims(replicas, len(replicas))]
+    order = [r.pod.name for r in choose_victims(replicas, len(replicas), "")]
     assert order == ["draining", "loading", "starting", "unready", "new-idle", "old-idle", "old-busy"]
-    assert [r.pod.name for r in choose_victims(replicas, 2)] == ["draining", "loading"]
-    assert choose_victims(replicas, -1) == []
+    assert [r.pod.name for r in choose_victims(replicas, 2, "")] == ["draining", "loading"]
+    assert choose_victims(replicas, -1, "") == []
 
 
 def test_the_scale_in_chooses_the_least_busy_newest_serving_replicas() -> None:

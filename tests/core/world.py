@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from genrm_contract.sidecar import DrainState, Phase
 from genrm_operator.api.pool import GenRMPoolSpec, GenRMPoolStatus
+from genrm_operator.core.children import template_revision
 from genrm_operator.core.classify import failure_reason
 from genrm_operator.core.model import (
     CreatePod,
@@ -91,6 +92,7 @@ class SimPod:
     slow: bool = False
     rewarm_at: float = 0.0
     perturbed: bool = False
+    revision: str = ""
     sidecar: SimSidecar = field(default_factory=SimSidecar)
 
     @property
@@ -123,7 +125,7 @@ class SimPod:
             published=self.published, ever_published=self.ever_published,
             verification=self.verification,  # type: ignore[arg-type]
             verification_message=self.verification_message, deleting=self.deleting,
-            unschedulable=self.unschedulable, restarts=self.restarts,
+            unschedulable=self.unschedulable, restarts=self.restarts, revision=self.revision,
         )
 
 
@@ -133,6 +135,7 @@ class Ev:
 
     Kinds: scale (a = replicas), arrive (pod a, b requests), finish (pod a, b requests),
     crash (pod a), fail (pod a), slow (pod a, or the next pod when none is starting),
+    template (the pod template changes: engine env V=a), pause (spec.paused = a is odd),
     perturb (the next created pod answers differently), gpus (a = capacity), tick (a = seconds),
     lose (this step's actions are lost), lag (this step sees last step's pod list),
     unreachable (pod a's sidecar does not answer this step), admin_delete (pod a), none.
@@ -166,6 +169,10 @@ class World:
     forced_deletes: int = 0
     plans: list[Plan] = field(default_factory=list)
     keep_plans: bool = False
+    lagged: bool = False
+    """This step's core saw last step's pod list."""
+    chosen_before: set[str] = field(default_factory=set)
+    """Victims of the operation before this step (a repeated unpublish is no new choice)."""
 
     # ----- disturbances ------------------------------------------------------------------------
 
@@ -177,6 +184,17 @@ class World:
         if replicas != self.spec.replicas:
             self.spec = self.spec.model_copy(update={"replicas": replicas})
             self.generation += 1
+
+    def edit(self, **wire: object) -> None:
+        """A spec change through the API (validated like the API server would)."""
+        doc = {**self.spec.to_wire(), **wire}
+        self.spec = GenRMPoolSpec.model_validate(doc)
+        self.generation += 1
+
+    @property
+    def revision(self) -> str:
+        """The pod template revision a pod created now gets."""
+        return template_revision(POOL, self.spec)
 
     def accepts_requests(self, pod: SimPod) -> bool:
         """Requests reach published ready replicas and soft-drained ones (endpoint propagation)."""
@@ -217,6 +235,10 @@ class World:
         match ev.kind:
             case "scale":
                 self.scale(ev.a)
+            case "template":
+                self.edit(engine={**self.spec.engine.to_wire(), "env": [{"name": "V", "value": str(ev.a)}]})
+            case "pause":
+                self.edit(paused=ev.a % 2 == 1)
             case "arrive" if pod is not None:
                 self.arrive(pod, max(ev.b, 1))
             case "finish" if pod is not None:
@@ -294,7 +316,7 @@ class World:
         if not pod.reachable:
             return None
         sc = pod.sidecar
-        return SidecarView(state=sc.state, inflight=sc.inflight, engine_healthy=pod.warm, drain_id=sc.drain_id)
+        return SidecarView(state=sc.state, inflight=sc.inflight, engine_healthy=pod.warm)
 
     def observe(self, lag: bool, unreachable: Iterable[str]) -> Observed:
         views = tuple(p.view() for p in sorted(self.pods.values(), key=lambda p: p.ordinal))
@@ -317,18 +339,21 @@ class World:
             extra += self.apply_event(ev, flags)
         self.now += dt + extra
         self.progress()
-        obs = self.observe(bool(flags.get("lag")), flags.get("unreachable", set()))  # type: ignore[arg-type]
+        self.lagged = bool(flags.get("lag"))
+        obs = self.observe(self.lagged, flags.get("unreachable", set()))  # type: ignore[arg-type]
         plan = reconcile(obs)
         if self.keep_plans:
             self.plans.append(plan)
         before = self.live_count()
+        surge = self.surge_allowance(plan)
+        self.chosen_before = {v.name for v in self.status.operation.victims} if self.status.operation else set()
         # The status is written first, through its wire form, exactly as the shell PUTs it.
         self.status = GenRMPoolStatus.model_validate(plan.status.to_wire())
         self.check_status(plan)
         if not flags.get("lose"):
             for action in plan.actions:
                 self.carry_out(action, obs, plan)
-        self.check_after(before)
+        self.check_after(before, surge)
         return plan
 
     def live_count(self) -> int:
@@ -360,6 +385,8 @@ class World:
                 if published:
                     self.check_publish(pod, obs)
                     pod.ever_published = True
+                elif pod.published:
+                    self.check_rollout_floor(pod, plan)
                 pod.published = published
             case Verify(name=name, uid=uid, reference=reference):
                 self.verify(name, uid, reference)
@@ -396,7 +423,8 @@ class World:
             raise Violation(f"pod name {name} reused after its pod was seen and deleted")
         self.names_ever.add(name)
         self.uid_counter += 1
-        pod = SimPod(name=name, uid=f"uid-{self.uid_counter}", ordinal=ordinal, created_at=self.now)
+        pod = SimPod(name=name, uid=f"uid-{self.uid_counter}", ordinal=ordinal, created_at=self.now,
+                     revision=self.revision)
         if self.perturb_next:
             self.perturb_next -= 1
             pod.perturbed = True
@@ -449,6 +477,26 @@ class World:
         if self.spec.verification.enabled and (seen.verification != "passed" or pod.verification != "passed"):
             raise Violation(f"{pod.name} published with verification {pod.verification!r}")
 
+    def check_rollout_floor(self, pod: SimPod, plan: Plan) -> None:
+        """A rollout chooses a healthy replica to unpublish only while ``replicas - maxUnavailable``
+        others serve.
+
+        Judged on ground truth when the victim is chosen, except in a step whose core saw a stale
+        pod list (it may count a pod deleted by hand since as serving; the next step corrects it).
+        A victim chosen earlier is unpublished again if it is still published (an unpublish lost
+        to a crash), whatever happened to the others since."""
+        op = plan.status.operation
+        healthy = pod.phase == "Running" and pod.restarts == 0 and not pod.deleting
+        if op is None or op.type != "Rollout" or pod.name not in {v.name for v in op.victims} or not healthy \
+                or self.lagged or pod.name in self.chosen_before:
+            return
+        others = [p for p in self.pods.values() if p is not pod and p.published and not p.deleting
+                  and p.phase == "Running" and p.restarts == 0]
+        floor = self.spec.replicas - self.spec.update_strategy.rolling_update.max_unavailable
+        if len(others) < floor:
+            raise Violation(f"rollout unpublished {pod.name} leaving {len(others)} serving < {floor} "
+                            f"(replicas {self.spec.replicas} - maxUnavailable)")
+
     def check_status(self, plan: Plan) -> None:
         status = plan.status
         if status.operation is not None and status.operation.phase in ("Succeeded", "Partial", "Failed"):
@@ -457,13 +505,21 @@ class World:
         if created and status.next_ordinal <= max(created):
             raise Violation(f"nextOrdinal {status.next_ordinal} would reuse ordinal {max(created)}")
         types = [c.type for c in status.conditions]
-        if types != ["Available", "Progressing", "Degraded"]:
+        rollout = status.operation is not None and status.operation.type == "Rollout"
+        if types != ["Available", "Progressing", "Degraded", *(["RolloutBlocked"] if rollout else [])]:
             raise Violation(f"conditions {types}")
 
-    def check_after(self, before: int) -> None:
+    def surge_allowance(self, plan: Plan) -> int:
+        """maxSurge while a rollout runs (before or after this step), else 0."""
+        ops = (self.status.operation, plan.status.operation)
+        rolling = any(op is not None and op.type == "Rollout" for op in ops)
+        return self.spec.update_strategy.rolling_update.max_surge if rolling else 0
+
+    def check_after(self, before: int, surge: int) -> None:
         after = self.live_count()
-        if self.check_bound and after > max(self.spec.replicas, before):
-            raise Violation(f"{after} live pods > max(spec.replicas={self.spec.replicas}, before={before})")
+        if self.check_bound and after > max(self.spec.replicas + surge, before):
+            raise Violation(f"{after} live pods > max(spec.replicas={self.spec.replicas} + maxSurge {surge}, "
+                            f"before={before})")
 
     # ----- convergence -------------------------------------------------------------------------
 
@@ -474,9 +530,10 @@ class World:
     def converged(self) -> bool:
         n = self.spec.replicas
         live = [p for p in self.pods.values() if not p.deleting]
+        rolled = self.spec.update_strategy.type == "OnDelete" or all(p.revision == self.revision for p in live)
         return (
             self.status.operation is None and len(self.serving()) == n and len(live) == n
-            and self.status.serving_replicas == n and self.status.replicas == n
+            and self.status.serving_replicas == n and self.status.replicas == n and rolled
         )
 
     def heal(self) -> None:
@@ -484,6 +541,8 @@ class World:
         requests finish, and an administrator removes the replicas answering differently."""
         self.gpus = max(self.gpus, 4 * max(self.spec.replicas, len(self.pods)) + 4)
         self.perturb_next = self.slow_next = 0
+        if self.spec.paused:
+            self.edit(paused=False)  # the user resumes the rollout
         for pod in list(self.pods.values()):
             pod.sidecar.inflight = 0
             if pod.perturbed or pod.verification == "failed":

@@ -18,8 +18,10 @@ from typing import Any
 
 import httpx
 from genrm_operator.api.autoscaling import AutoscalerStatus, AutoscalingSpec, DecisionRecord
+from genrm_operator.api.pool import GenRMPoolSpec
 from genrm_operator.api.status import ConditionType
 from genrm_operator.autoscaling.override import external_write
+from genrm_operator.core.children import template_revision
 from genrm_operator.core.model import Event, SidecarView
 from genrm_operator.shell import metrics
 from genrm_operator.shell.autoscaler import PoolAutoscaler
@@ -81,9 +83,11 @@ class FakeSidecars:
 
 
 def serving_pod(ordinal: int) -> dict[str, Any]:
+    """A published replica made from the pool's current pod template (autoscaling does not shape pods)."""
+    revision = template_revision(POOL, GenRMPoolSpec.model_validate(pool(1)["spec"]))
     return {
         "metadata": {"name": f"{POOL}-{ordinal}", "uid": f"uid-{ordinal}", "creationTimestamp": "2026-01-01T00:00:00Z",
-                     "labels": {"genrm.io/pool": POOL, "genrm.io/published": "true"},
+                     "labels": {"genrm.io/pool": POOL, "genrm.io/published": "true", "genrm.io/revision": revision},
                      "annotations": {"genrm.io/ever-published": "true", "genrm.io/verification": "passed"}},
         "spec": {"containers": []},
         "status": {"phase": "Running", "podIP": f"10.0.0.{ordinal + 1}",

@@ -30,13 +30,12 @@ def state_document(state: DrainState, inflight: int = 4, healthy: bool = True,
 
 @pytest.mark.parametrize("state", list(DrainState))
 def test_every_drain_state_is_parsed(state: DrainState) -> None:
-    assert parse_state(state_document(state)) == SidecarView(state=state, inflight=4, engine_healthy=True,
-                                                             drain_id="genrm/uid-1")
+    assert parse_state(state_document(state)) == SidecarView(state=state, inflight=4, engine_healthy=True)
 
 
 def test_a_serving_sidecar_with_a_cold_engine_is_not_healthy() -> None:
     view = parse_state(state_document(DrainState.SERVING, inflight=0, healthy=False, drain_id=None))
-    assert view == SidecarView(state=DrainState.SERVING, inflight=0, engine_healthy=False, drain_id=None)
+    assert view == SidecarView(state=DrainState.SERVING, inflight=0, engine_healthy=False)
 
 
 def test_an_incomplete_document_is_unknown_never_idle() -> None:

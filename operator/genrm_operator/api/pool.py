@@ -15,6 +15,7 @@ from .spec import (
     ModelSpec,
     ServiceSpec,
     TemplateSpec,
+    UpdateStrategySpec,
     VerificationSpec,
 )
 from .status import Condition, HistoryEntry, Operation
@@ -66,6 +67,10 @@ class GenRMPoolSpec(ApiModel):
     """The pool's PodDisruptionBudget."""
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
     """Built-in HPA-style autoscaler driven by the replicas' own metrics (mode Off by default)."""
+    update_strategy: UpdateStrategySpec = Field(default_factory=UpdateStrategySpec)
+    """How changes to the pod template (images, resources, env, scheduling) reach existing replicas."""
+    paused: bool = False
+    """Stop a rolling update between replacements; scaling goes on."""
 
 
 class GenRMPoolStatus(ApiModel):
@@ -81,6 +86,12 @@ class GenRMPoolStatus(ApiModel):
     """Replicas published for routing."""
     draining_replicas: int = Field(0, ge=0)
     """Replicas unpublished and draining or drained."""
+    updated_replicas: int = Field(0, ge=0)
+    """Replica pods (not terminating) made from the current pod template."""
+    current_revision: str = ""
+    """The pod template revision all replicas had when the pool last had a single one."""
+    update_revision: str = ""
+    """The revision of the current pod template: what a rollout moves every replica to."""
     selector: str = ""
     """Label selector of the pool's pods, serialised (scale subresource)."""
     next_ordinal: int = Field(0, ge=0)

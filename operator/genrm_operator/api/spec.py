@@ -244,3 +244,30 @@ class DisruptionBudgetSpec(ApiModel):
     """Create a PodDisruptionBudget for the pool."""
     max_unavailable: int = Field(1, ge=0)
     """Voluntary evictions allowed at once."""
+
+
+class RollingUpdateSpec(ApiModel):
+    """How a rolling update trades spare GPUs against serving capacity."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": validations(
+            cel("self.maxSurge + self.maxUnavailable >= 1",
+                "maxSurge and maxUnavailable cannot both be 0: a rollout could then never replace a replica"),
+        )
+    }
+
+    max_surge: int = Field(1, ge=0, le=10000)
+    """Replicas created above spec.replicas while outdated ones are still serving."""
+    max_unavailable: int = Field(0, ge=0, le=10000)
+    """Replicas below spec.replicas the rollout may take out of service at once (used when no spare GPU
+    is left for a surge replica)."""
+
+
+class UpdateStrategySpec(ApiModel):
+    """How a change to the pod template reaches the existing replicas."""
+
+    type: Literal["RollingUpdate", "OnDelete"] = "RollingUpdate"
+    """RollingUpdate: replace outdated replicas one surge at a time, each verified and published before an
+    outdated one drains. OnDelete: replace a replica only when someone deletes it."""
+    rolling_update: RollingUpdateSpec = Field(default_factory=RollingUpdateSpec)
+    """RollingUpdate's surge and unavailability limits."""

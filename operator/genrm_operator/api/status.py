@@ -23,6 +23,7 @@ class OperationType(StrEnum):
 
     SCALE_OUT = "ScaleOut"
     SCALE_IN = "ScaleIn"
+    ROLLOUT = "Rollout"
 
 
 class Phase(StrEnum):
@@ -35,6 +36,7 @@ class Phase(StrEnum):
     FENCING = "Fencing"
     DRAINING = "Draining"
     REMOVING = "Removing"
+    PAUSED = "Paused"
     SUCCEEDED = "Succeeded"
     PARTIAL = "Partial"
     FAILED = "Failed"
@@ -44,7 +46,10 @@ class Phase(StrEnum):
 SCALE_OUT_PHASES = frozenset({Phase.PENDING, Phase.PROVISIONING, Phase.VERIFYING})
 SCALE_IN_PHASES = frozenset({Phase.PENDING, Phase.UNPUBLISHING, Phase.FENCING, Phase.DRAINING, Phase.REMOVING})
 TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.PARTIAL, Phase.FAILED, Phase.SUPERSEDED})
-ACTIVE_PHASES = {OperationType.SCALE_OUT: SCALE_OUT_PHASES, OperationType.SCALE_IN: SCALE_IN_PHASES}
+ROLLOUT_PHASES = SCALE_OUT_PHASES | SCALE_IN_PHASES | {Phase.PAUSED}
+"""A rollout surges (Provisioning, Verifying) and retires outdated replicas like a scale-in; Paused between."""
+ACTIVE_PHASES = {OperationType.SCALE_OUT: SCALE_OUT_PHASES, OperationType.SCALE_IN: SCALE_IN_PHASES,
+                 OperationType.ROLLOUT: ROLLOUT_PHASES}
 """The phases an active operation of each type may be in; a finished one is in history with a terminal phase."""
 Outcome = Literal[Phase.SUCCEEDED, Phase.PARTIAL, Phase.FAILED, Phase.SUPERSEDED]
 """How an operation ended: one of :data:`TERMINAL_PHASES`."""
@@ -67,6 +72,8 @@ class ConditionType(StrEnum):
     """The autoscaler's count was clamped by a bound, a rate policy or a hold (HPA's condition)."""
     AUTOSCALER_OVERRIDDEN = "AutoscalerOverridden"
     """Another writer set spec.replicas and the autoscaler adopted it."""
+    ROLLOUT_BLOCKED = "RolloutBlocked"
+    """A rollout cannot go on: no room for a surge replica and maxUnavailable allows no drain first."""
 
 
 AUTOSCALER_CONDITIONS = frozenset({
@@ -114,6 +121,10 @@ class Reason(StrEnum):
     DESIRED_WITHIN_RANGE = "DesiredWithinRange"
     EXTERNAL_WRITE = "ExternalWrite"
     AUTOSCALER_IN_CHARGE = "AutoscalerInCharge"
+    ROLLING_OUT = "RollingOut"
+    ROLLOUT_PAUSED = "RolloutPaused"
+    STRATEGY_CHANGED = "StrategyChanged"
+    SURGE_BLOCKED = "SurgeBlocked"
 
 
 class Condition(ApiModel):
@@ -179,7 +190,7 @@ class OperationIdentity(ApiModel):
 
 
 class Operation(OperationIdentity):
-    """The active scale operation."""
+    """The active operation: a scale-out, a scale-in or a rollout."""
 
     phase: Phase
     """Current phase of the state machine."""
@@ -191,6 +202,10 @@ class Operation(OperationIdentity):
     """Replicas being removed by this operation."""
     message: str = ""
     """Human-readable progress or failure reason."""
+    revision: str = ""
+    """Rollout: the pod template revision every replica moves to."""
+    replaced: int = Field(0, ge=0)
+    """Rollout: outdated replicas retired so far."""
 
     @model_validator(mode="after")
     def _phase_of_type(self) -> Self:

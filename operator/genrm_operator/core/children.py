@@ -8,7 +8,9 @@ and deleting a pod by hand still drains it through the sidecar's preStop hook.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import json
 from typing import Any
 
 from genrm_contract import drained, sidecar
@@ -23,15 +25,18 @@ from .names import (
     ORDINAL_LABEL,
     POOL_LABEL,
     PUBLISHED_LABEL,
+    REVISION_LABEL,
     TOKEN_KEY,
     VERSION,
     common_labels,
     pdb_name,
+    pod_name,
     secret_name,
     service_name,
 )
 
 Manifest = dict[str, Any]
+REVISION_LENGTH = 10
 SGLANG_LAUNCHER = ["python3", "-m", "sglang.launch_server"]
 SHUTDOWN_SLACK_SECONDS = 30
 """Engine shutdown after the drain, plus margin, inside terminationGracePeriodSeconds."""
@@ -97,8 +102,28 @@ def termination_grace_seconds(spec: GenRMPoolSpec) -> int:
     return drain.propagation_seconds + drain.timeout_seconds + SHUTDOWN_SLACK_SECONDS
 
 
+def template_revision(pool: str, spec: GenRMPoolSpec) -> str:
+    """A hash of everything that shapes a replica pod (StatefulSet's controller-revision-hash).
+
+    Computed from the builder's own output for a stand-in replica, minus what varies per replica
+    (name, ordinal, published), so any spec field that reaches the pod changes it (images,
+    resources, env, scheduling, the gateway's flags) and no other one does (replicas, the
+    autoscaler, the Service, the update strategy).
+    """
+    pod = _replica_pod(pool, "", "", spec, pod_name(pool, 0), 0)
+    labels = {k: v for k, v in pod["metadata"]["labels"].items() if k not in (ORDINAL_LABEL, PUBLISHED_LABEL)}
+    shape = {"labels": labels, "annotations": pod["metadata"]["annotations"], "spec": pod["spec"]}
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:REVISION_LENGTH]
+
+
 def pod_manifest(pool: str, pool_uid: str, namespace: str, spec: GenRMPoolSpec, name: str, ordinal: int) -> Manifest:
-    """The replica pod: SGLang engine on loopback plus the gateway sidecar."""
+    """The replica pod: SGLang engine on loopback plus the gateway sidecar, labelled with its template revision."""
+    pod = _replica_pod(pool, pool_uid, namespace, spec, name, ordinal)
+    pod["metadata"]["labels"][REVISION_LABEL] = template_revision(pool, spec)
+    return pod
+
+
+def _replica_pod(pool: str, pool_uid: str, namespace: str, spec: GenRMPoolSpec, name: str, ordinal: int) -> Manifest:
     engine, gateway, template = spec.engine, spec.gateway, spec.template
     labels = {**template.labels, **common_labels(pool), ORDINAL_LABEL: str(ordinal), PUBLISHED_LABEL: "false"}
     drain_deadline = spec.drain.propagation_seconds + spec.drain.timeout_seconds

@@ -38,6 +38,8 @@ class PodView:
     """Scheduler message when the pod cannot be placed (e.g. not enough nvidia.com/gpu)."""
     restarts: int = 0
     resource_version: str = ""
+    revision: str = ""
+    """The pod template revision it was made from (empty: made before revisions, so outdated)."""
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,6 @@ class SidecarView:
     state: DrainState
     inflight: int = 0
     engine_healthy: bool = False
-    drain_id: str | None = None
 
 
 @dataclass(frozen=True)

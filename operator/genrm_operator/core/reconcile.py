@@ -46,6 +46,7 @@ from ..api.status import (
     Victim,
 )
 from .autoscale import Scaling, autoscale
+from .children import template_revision
 from .childrenplan import CHILD_FAILED
 from .classify import Replica, Role, classify
 from .clock import stamp
@@ -69,6 +70,10 @@ from .victims import choose_victims
 BACKOFF_BASE_SECONDS = 10.0
 BACKOFF_MAX_SECONDS = 300.0
 NEVER_SERVED_GRACE_SECONDS = 2
+PROGRESSING_REASONS = {OperationType.SCALE_OUT: Reason.SCALING_OUT, OperationType.SCALE_IN: Reason.SCALING_IN,
+                       OperationType.ROLLOUT: Reason.ROLLING_OUT}
+VICTIM_PHASES = [Phase.UNPUBLISHING, Phase.FENCING, Phase.DRAINING, Phase.REMOVING]
+"""A victim's phases in order: an operation with several victims is in the least advanced one."""
 
 
 def reconcile(obs: Observed) -> Plan:
@@ -119,11 +124,15 @@ class _Step:
             self.obs.pods, self.obs.sidecars, self.now, float(spec.engine.startup_timeout_seconds)
         )
         self.by_name = {r.pod.name: r for r in self.replicas}
+        self.revision = template_revision(self.obs.name, spec)
+        """The current pod template's revision: pods with another one are outdated."""
         ordinals = [o for r in self.replicas if (o := ordinal_of(self.obs.name, r.pod.name)) is not None]
         self.next_ordinal = max([self.status.next_ordinal, *(o + 1 for o in ordinals)])
         self.op = self.status.operation
         self.op_count = self.status.operation_count
         self.history = list(self.status.history)
+        self.blocked = ""
+        """Why a rollout cannot go on (condition RolloutBlocked), or ''."""
         self.carried: list[AddedPod] = []
         """Unobserved creates of a scale-out that finished this step: still counted, retried if resumed."""
 
@@ -140,13 +149,13 @@ class _Step:
 
     def victim_names(self) -> set[str]:
         op = self.op
-        return {v.name for v in op.victims} if op is not None and op.type is OperationType.SCALE_IN else set()
+        return {v.name for v in op.victims} if op is not None and op.type is not OperationType.SCALE_OUT else set()
 
     def pending_creates(self) -> list[AddedPod]:
         """Pods this operation created that the index has not shown yet (create may be lost)."""
         if self.op is None:
             return [a for a in self.carried if a.name not in self.by_name]
-        if self.op.type is not OperationType.SCALE_OUT:
+        if self.op.type is OperationType.SCALE_IN:
             return []
         return [a for a in self.op.added_pods if not a.observed and a.name not in self.by_name]
 
@@ -180,7 +189,7 @@ class _Step:
     def finish(self, op: Operation, outcome: Outcome, reason: str, message: str) -> None:
         """Move the operation to history and clear it."""
         forced = sum(1 for v in op.victims if v.forced)
-        if op.type is OperationType.SCALE_OUT:
+        if op.type is not OperationType.SCALE_IN:
             self.carried = [a for a in op.added_pods if not a.observed and a.name not in self.by_name]
         self.history.append(HistoryEntry(
             id=op.id, type=op.type, from_=op.from_, to=op.to, outcome=outcome, reason=reason, message=message,
@@ -205,14 +214,16 @@ class _Step:
             self.maybe_start_operation()
         if self.op is not None and self.op.type is OperationType.SCALE_OUT:
             self.advance_scale_out(self.op)
-        elif self.op is not None:
+        elif self.op is not None and self.op.type is OperationType.SCALE_IN:
             self.advance_scale_in(self.op)
+        elif self.op is not None:
+            self.advance_rollout(self.op)
         scaling = autoscale(self.obs, self.replicas)
         return Plan(status=self.next_status(scaling), actions=tuple(self.actions),
                     events=(*self.events, *scaling.events), decision=scaling.decision)
 
     def note_observed_creates(self) -> None:
-        if self.op is None or self.op.type is not OperationType.SCALE_OUT:
+        if self.op is None or self.op.type is OperationType.SCALE_IN:
             return
         added = [a.evolve(observed=True) if a.name in self.by_name else a for a in self.op.added_pods]
         self.op = self.op.evolve(added_pods=added)
@@ -252,9 +263,12 @@ class _Step:
 
     def supersede_if_target_changed(self) -> None:
         op = self.op
-        if op is None or op.to == self.desired:
+        if op is None:
             return
-        self.finish(op, Phase.SUPERSEDED, Reason.TARGET_CHANGED, f"spec.replicas changed to {self.desired}")
+        if op.to != self.desired:
+            self.finish(op, Phase.SUPERSEDED, Reason.TARGET_CHANGED, f"spec.replicas changed to {self.desired}")
+        elif op.type is OperationType.ROLLOUT and self.obs.spec.update_strategy.type == "OnDelete":
+            self.finish(op, Phase.SUPERSEDED, Reason.STRATEGY_CHANGED, "spec.updateStrategy.type is OnDelete")
 
     def maybe_start_operation(self) -> None:
         serving, starting, draining = self.counts()
@@ -267,6 +281,8 @@ class _Step:
             self.start(OperationType.SCALE_IN, serving)
         elif serving < self.desired and publishable:
             self.start(OperationType.SCALE_OUT, serving)
+        elif self.outdated() and self.obs.spec.update_strategy.type == "RollingUpdate" and backoff == 0.0:
+            self.start(OperationType.ROLLOUT, serving)
 
     def start(self, type_: OperationType, serving: int) -> None:
         self.op_count += 1
@@ -274,9 +290,11 @@ class _Step:
         self.op = Operation(
             id=f"op-{self.op_count}", type=type_, from_=serving, to=self.desired, phase=Phase.PENDING,
             started_at=now, last_transition_time=now,
-            added_pods=self.carried if type_ is OperationType.SCALE_OUT else [],
+            added_pods=self.carried if type_ is not OperationType.SCALE_IN else [],
+            revision=self.revision if type_ is OperationType.ROLLOUT else "",
         )
-        self.emit(f"{type_}Started", f"op-{self.op_count} {type_} {serving}->{self.desired}")
+        detail = f" to revision {self.revision}" if type_ is OperationType.ROLLOUT else ""
+        self.emit(f"{type_}Started", f"op-{self.op_count} {type_} {serving}->{self.desired}{detail}")
 
     def awaits_publication(self, r: Replica) -> bool:
         """A starting replica whose engine is warm and that has not failed verification."""
@@ -293,8 +311,7 @@ class _Step:
         shortfall = self.desired - serving - starting
         rescuing = self.rescue(shortfall)
         shortfall -= rescuing
-        for added in self.pending_creates():
-            self.act(CreatePod(added.name, added.ordinal))
+        op = self.retry_creates(op, self.desired)
         room = max(0, self.desired - self.gpu_holders())
         if min(shortfall, room) > 0 and create_backoff(self.history, self.now) == 0.0:
             op = self.create(op, min(shortfall, room))
@@ -328,6 +345,21 @@ class _Step:
             waiting_for = f"; {releasing} more once leaving pods release their GPUs" if releasing else ""
             self.op = self.set_phase(op, phase, f"{serving}/{op.to} serving{waiting_for}")
 
+    def retry_creates(self, op: Operation, limit: int) -> Operation:
+        """Repeat the creates the pod index has not shown yet (lost or lagging), within ``limit`` pods.
+
+        Creates carried over from a superseded rollout may be more than a scale-out's bound
+        allows; those beyond it are dropped (never retried, their names never reused)."""
+        pending = self.pending_creates()
+        keep = pending[:max(0, limit - (self.gpu_holders() - len(pending)))]
+        for added in keep:
+            self.act(CreatePod(added.name, added.ordinal))
+        if len(keep) < len(pending):
+            dropped = {a.name for a in pending[len(keep):]}
+            op = op.evolve(added_pods=[a for a in op.added_pods if a.name not in dropped])
+            self.op = op
+        return op
+
     def rescue(self, shortfall: int) -> int:
         """Undrain draining replicas first: they are warm and verified, unlike a new pod."""
         candidates = [r for r in self.role(Role.DRAINING) if r.sidecar is not None]
@@ -349,15 +381,16 @@ class _Step:
         self.op = op.evolve(added_pods=added)
         return self.op
 
-    def publish_or_verify(self) -> bool:
-        """Publish warm, verified replicas; ask for verification of the others.
+    def publish_or_verify(self, revision: str | None = None) -> bool:
+        """Publish warm, verified replicas (of ``revision`` only, when given); ask for verification of the others.
 
         Returns True when some replica is past provisioning (being verified or published).
         """
         reference = min(self.role(Role.SERVING), key=lambda r: r.pod.created_at, default=None)
         verifying = False
+        victims = self.victim_names()
         for r in self.role(Role.STARTING):
-            if not self.awaits_publication(r):
+            if not self.awaits_publication(r) or r.pod.name in victims or revision not in (None, r.pod.revision):
                 continue
             pod = r.pod
             verifying = True
@@ -368,38 +401,139 @@ class _Step:
                 self.act(Verify(pod.name, pod.uid, reference.pod.name if reference else None))
         return verifying
 
+    # ----- rollout -----------------------------------------------------------------------------
+
+    def outdated(self) -> list[Replica]:
+        """Serving or starting replicas, outside the operation's victims, made from another pod template."""
+        victims = self.victim_names()
+        return [r for r in self.replicas if r.role in (Role.SERVING, Role.STARTING)
+                and r.pod.name not in victims and r.pod.revision != self.revision]
+
+    def advance_rollout(self, op: Operation) -> None:
+        """Replace outdated replicas: surge a verified replacement first, then retire an outdated one.
+
+        Level-based like a scale: every step recounts. New-template replicas are created while
+        fewer than ``spec.replicas`` exist, within ``replicas + maxSurge`` pods; outdated serving
+        replicas are retired (drained exactly like scale-in victims) only while the serving count
+        stays at ``spec.replicas``, or at ``replicas - maxUnavailable`` when no surge replica can
+        be added (no room, or every one waiting is unschedulable). Outdated replicas that do not
+        serve (and draining leftovers of a superseded scale-in) are retired at once. ``spec.paused``
+        stops new replacements; the ones under way finish.
+        """
+        strategy, paused = self.obs.spec.update_strategy.rolling_update, self.obs.spec.paused
+        if op.revision != self.revision:
+            self.emit("RolloutRetargeted", f"{op.id} continues to revision {self.revision}")
+            op = op.evolve(revision=self.revision)
+        moved, phases, failure = self.advance_victims(op.victims)
+        kept = [v for v, p in zip(moved, phases, strict=True) if p is not None]
+        victim_phases = [p for p in phases if p is not None]
+        op = op.evolve(victims=kept, replaced=op.replaced + len(moved) - len(kept))
+        if failure:
+            self.finish(op, Phase.FAILED, Reason.DRAIN_TIMEOUT, failure)
+            return
+        self.op = op
+        op = self.retry_creates(op, self.desired + strategy.max_surge)
+        serving, starting, _ = self.counts()
+        current = [r for r in self.replicas if r.role in (Role.SERVING, Role.STARTING)
+                   and r.pod.revision == self.revision and r.pod.verification != "failed"]
+        waiting = [r for r in current if r.role is Role.STARTING]
+        missing = self.desired - len(current) - len(self.pending_creates())
+        if paused:
+            missing = min(missing, self.desired - serving - starting)  # only lost capacity is restored
+        room = max(0, self.desired + strategy.max_surge - self.gpu_holders())
+        if min(missing, room) > 0 and create_backoff(self.history, self.now) == 0.0:
+            op = self.create(op, min(missing, room))
+        verifying = self.publish_or_verify(self.revision)
+        surge_blocked = (missing > 0 and room == 0) or (bool(waiting) and all(r.pod.unschedulable for r in waiting))
+        old = self.outdated()
+        if not paused:
+            floor = self.desired - (strategy.max_unavailable if surge_blocked else 0)
+            victims = self.victim_names()
+            # Unpublished leftovers (an outdated starting replica, a draining one from a superseded
+            # scale-in) serve no one and hold the GPUs a surge replica needs.
+            retire = [r for r in old if r.role is Role.STARTING]
+            retire += [r for r in self.role(Role.DRAINING) if r.pod.name not in victims]
+            retire += choose_victims([r for r in old if r.role is Role.SERVING], serving - floor, self.revision)
+            if retire:
+                self.emit("ReplicasRetiring", ", ".join(r.pod.name for r in retire))
+                op = op.evolve(victims=[*op.victims, *(Victim(name=r.pod.name, uid=r.pod.uid,
+                                                               needs_drain=r.pod.ever_published) for r in retire)])
+                old = [r for r in old if r not in retire]
+                victim_phases += [Phase.UNPUBLISHING] * len(retire)
+        self.op = op
+        self.finish_or_phase_rollout(op, old, waiting, verifying, surge_blocked, victim_phases)
+
+    def finish_or_phase_rollout(self, op: Operation, old: list[Replica], waiting: list[Replica], verifying: bool,
+                                surge_blocked: bool, victim_phases: list[Phase]) -> None:
+        """Succeeded once no outdated replica is left; Partial on a failed replacement; else the phase."""
+        serving, _, _ = self.counts()
+        added = {a.name for a in op.added_pods}
+        failed = [r for r in self.replicas if r.pod.name in added and r.failure
+                  and r.role in (Role.FAILED, Role.TERMINATING)]
+        inconsistent = [r for r in self.role(Role.STARTING) if r.pod.verification == "failed"
+                        and r.pod.name in added]
+        progress = f"{op.replaced} replaced, {len(old) + len(op.victims)} outdated left, {serving}/{op.to} serving"
+        if not old and not op.victims and serving >= op.to and not self.pending_creates():
+            self.finish(op, Phase.SUCCEEDED, Reason.TARGET_REACHED,
+                        f"{op.replaced} replica(s) replaced; every replica is on revision {self.revision}")
+        elif failed and not self.pending_creates():
+            self.finish(op, Phase.PARTIAL, failed[0].failure, ", ".join(f"{r.pod.name}: {r.failure}" for r in failed))
+        elif inconsistent:
+            detail = "; ".join(f"{r.pod.name}: {r.pod.verification_message}" for r in inconsistent)
+            self.emit(Reason.REPLICA_INCONSISTENT, detail, warning=True)
+            self.finish(op, Phase.PARTIAL, Reason.REPLICA_INCONSISTENT, detail)
+        else:
+            if victim_phases:
+                phase = min(victim_phases, key=VICTIM_PHASES.index)
+            elif verifying:
+                phase = Phase.VERIFYING
+            elif self.obs.spec.paused and not waiting and not self.pending_creates():
+                phase = Phase.PAUSED
+            else:
+                phase = Phase.PROVISIONING
+            if surge_blocked and not op.victims and old and not self.obs.spec.paused:
+                unschedulable = next((r.pod.unschedulable for r in waiting if r.pod.unschedulable), "")
+                self.blocked = (f"no surge replica can start ({unschedulable or 'no room within maxSurge'}) and "
+                                f"maxUnavailable={self.obs.spec.update_strategy.rolling_update.max_unavailable} "
+                                "allows no outdated replica to drain first")
+                self.emit(ConditionType.ROLLOUT_BLOCKED, self.blocked, warning=True)
+            self.op = self.set_phase(op, phase, progress)
+
     # ----- scale-in ----------------------------------------------------------------------------
 
     def advance_scale_in(self, op: Operation) -> None:
         if op.phase is Phase.PENDING:
             self.select_victims(op)
             return
-        drain = self.obs.spec.drain
-        victims: list[Victim] = []
-        phases: list[Phase] = []
-        failure = ""
-        for v in op.victims:
-            v, phase, problem = self.advance_victim(v, drain.propagation_seconds, drain.timeout_seconds,
-                                                    drain.on_timeout)
-            victims.append(v)
-            if phase is not None:
-                phases.append(phase)
-            failure = failure or problem
+        victims, phases, failure = self.advance_victims(op.victims)
         op = op.evolve(victims=victims)
-        order = [Phase.UNPUBLISHING, Phase.FENCING, Phase.DRAINING, Phase.REMOVING]
+        left = [p for p in phases if p is not None]
         if failure:
             self.finish(op, Phase.FAILED, Reason.DRAIN_TIMEOUT, failure)
-        elif not phases:
+        elif not left:
             self.finish(op, Phase.SUCCEEDED, Reason.TARGET_REACHED, f"removed {len(victims)} replica(s)")
         else:
-            phase = min(phases, key=order.index)
-            self.op = self.set_phase(op, phase, f"{len(phases)} victim(s) left")
+            self.op = self.set_phase(op, min(left, key=VICTIM_PHASES.index), f"{len(left)} victim(s) left")
+
+    def advance_victims(self, victims: list[Victim]) -> tuple[list[Victim], list[Phase | None], str]:
+        """Move every victim along: the victims, each one's phase (None when gone) and the first failure."""
+        drain = self.obs.spec.drain
+        moved: list[Victim] = []
+        phases: list[Phase | None] = []
+        failure = ""
+        for v in victims:
+            v, phase, problem = self.advance_victim(v, drain.propagation_seconds, drain.timeout_seconds,
+                                                    drain.on_timeout)
+            moved.append(v)
+            phases.append(phase)
+            failure = failure or problem
+        return moved, phases, failure
 
     def select_victims(self, op: Operation) -> None:
         """Fix the victims in status before any side effect touches them."""
         serving, starting, draining = self.counts()
         candidates = [r for r in self.replicas if r.role in (Role.SERVING, Role.STARTING, Role.DRAINING)]
-        chosen = choose_victims(candidates, serving + starting + draining - self.desired)
+        chosen = choose_victims(candidates, serving + starting + draining - self.desired, self.revision)
         victims = [Victim(name=r.pod.name, uid=r.pod.uid, needs_drain=r.pod.ever_published) for r in chosen]
         self.emit("VictimsSelected", ", ".join(v.name for v in victims) or "none")
         self.op = self.set_phase(op.evolve(victims=victims), Phase.UNPUBLISHING, f"{len(victims)} victim(s) selected")
@@ -455,14 +589,22 @@ class _Step:
         serving, starting, draining = self.counts()
         live = [r for r in self.replicas if r.role is not Role.TERMINATING]
         victims_left = sum(1 for v in self.op.victims if v.name in self.by_name) if self.op and \
-            self.op.type is OperationType.SCALE_IN else 0
+            self.op.type is not OperationType.SCALE_OUT else 0
         drained = len(self.role(Role.DRAINED))
         conds = [
             self.available(serving),
             self.progressing(serving, starting, draining),
             self.degraded(serving, draining + drained + victims_left),
         ]
+        if self.op is not None and self.op.type is OperationType.ROLLOUT:
+            conds.append(self.condition(ConditionType.ROLLOUT_BLOCKED, bool(self.blocked),
+                                        Reason.SURGE_BLOCKED if self.blocked else Reason.AS_EXPECTED, self.blocked))
+        revisions = {r.pod.revision for r in live}
         return self.status.evolve(
+            updated_replicas=sum(1 for r in live if r.pod.revision == self.revision),
+            update_revision=self.revision,
+            current_revision=self.revision if revisions <= {self.revision} else self.status.current_revision
+            or min(revisions - {self.revision}),
             observed_generation=self.obs.generation,
             replicas=len(live),
             ready_replicas=sum(1 for r in live if r.pod.ready),
@@ -493,8 +635,11 @@ class _Step:
     def progressing(self, serving: int, starting: int, draining: int) -> Condition:
         op = self.op
         if op is not None:
-            scaling = Reason.SCALING_OUT if op.type is OperationType.SCALE_OUT else Reason.SCALING_IN
-            return self.condition(ConditionType.PROGRESSING, True, scaling, f"{op.id} {op.phase}: {op.message}")
+            if op.phase is Phase.PAUSED:
+                return self.condition(ConditionType.PROGRESSING, False, Reason.ROLLOUT_PAUSED,
+                                      f"{op.id} paused by spec.paused: {op.message}")
+            return self.condition(ConditionType.PROGRESSING, True, PROGRESSING_REASONS[op.type],
+                                  f"{op.id} {op.phase}: {op.message}")
         if serving == self.desired and starting == 0 and draining == 0:
             return self.condition(ConditionType.PROGRESSING, False, Reason.AT_TARGET, f"{serving} replicas serving")
         last = self.history[-1] if self.history else None

@@ -10,6 +10,7 @@ from ..core.model import PodView, Verification
 from ..core.names import (
     EVER_PUBLISHED_ANNOTATION,
     PUBLISHED_LABEL,
+    REVISION_LABEL,
     VERIFICATION_ANNOTATION,
     VERIFICATION_MESSAGE_ANNOTATION,
 )
@@ -45,6 +46,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         unschedulable=unschedulable,
         restarts=sum(int(c.get("restartCount", 0)) for c in status.get("containerStatuses") or []),
         resource_version=meta.get("resourceVersion", ""),
+        revision=labels.get(REVISION_LABEL, ""),
     )
 
 

@@ -64,15 +64,14 @@ def parse_state(doc: Mapping[str, Any]) -> SidecarView | None:
         state = StateDocument.model_validate(doc)
     except ValidationError:
         return None
-    return SidecarView(state=state.state, inflight=state.inflight, engine_healthy=state.engine.healthy,
-                       drain_id=state.drain_id)
+    return SidecarView(state=state.state, inflight=state.inflight, engine_healthy=state.engine.healthy)
 
 
 class SidecarClient:
     """Async HTTP client shared by all pools of the operator."""
 
     def __init__(self) -> None:
-        self._http = httpx.AsyncClient(timeout=STATE_TIMEOUT)
+        self._http = httpx.AsyncClient(timeout=STATE_TIMEOUT, limits=LIMITS)
 
     async def close(self) -> None:
         await self._http.aclose()
