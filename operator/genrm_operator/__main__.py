@@ -24,6 +24,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        # One INFO line per sidecar request (every replica, every step) was most of the log and its CPU.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_host)
     asyncio.run(kopf.operator(

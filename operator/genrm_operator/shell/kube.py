@@ -8,9 +8,11 @@ decided for one pod incarnation can never hit a recreated pod of the same name.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar, cast
 
 from kubernetes import client, config
@@ -20,7 +22,13 @@ from ..core.names import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+USER_AGENT = "genrm-operator"
+"""What the API server's audit log names the operator's own calls by (kopf's are ``kopf/<version>``)."""
 Manifest = dict[str, Any]
+THREADS = 32
+"""Threads (and pooled API connections) for the synchronous client. asyncio's default executor has
+cores + 4 (six on 2 cores), shared by every pool's calls, and the client's default connection pool
+holds cores x 5: with many pools, steps waited for a thread and connections were reopened."""
 
 
 def load_config() -> None:
@@ -52,15 +60,22 @@ class Kube:
     """The handful of API calls the operator makes."""
 
     def __init__(self) -> None:
-        self.api = client.ApiClient()
+        configuration = client.Configuration.get_default_copy()
+        configuration.connection_pool_maxsize = THREADS
+        self.api = client.ApiClient(configuration)
+        self.api.user_agent = USER_AGENT
+        self._executor = ThreadPoolExecutor(THREADS, thread_name_prefix="kube")
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
         self.policy = client.PolicyV1Api(self.api)
 
-    @staticmethod
-    async def _call(fn: Callable[..., T], *args: Any, ok: tuple[int, ...] = (), **kwargs: Any) -> T | None:
+    async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """One blocking client call on the operator's own threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+
+    async def _call(self, fn: Callable[..., T], *args: Any, ok: tuple[int, ...] = (), **kwargs: Any) -> T | None:
         try:
-            return await asyncio.to_thread(fn, *args, **kwargs)
+            return await self._run(fn, *args, **kwargs)
         except ApiException as exc:
             if exc.status in ok:
                 return None
@@ -79,7 +94,7 @@ class Kube:
         meta = pool["metadata"]
         body = {**pool, "status": status}
         try:
-            written = await asyncio.to_thread(
+            written = await self._run(
                 self.custom.replace_namespaced_custom_object_status, GROUP, VERSION, meta["namespace"], PLURAL,
                 meta["name"], body)
         except ApiException as exc:
@@ -98,7 +113,7 @@ class Kube:
             "PodDisruptionBudget": self.policy.create_namespaced_pod_disruption_budget,
         }
         try:
-            await asyncio.to_thread(creators[kind], ns, manifest)
+            await self._run(creators[kind], ns, manifest)
         except ApiException as exc:
             if exc.status == 409:
                 return False
@@ -127,7 +142,7 @@ class Kube:
 
     async def patch_child(self, kind: str, namespace: str, name: str, patch: Manifest) -> None:
         """JSON merge patch (RFC 7386): lists such as Service ports are replaced, not merged by key."""
-        await asyncio.to_thread(self._child_calls(kind)[1], name, namespace, patch,
+        await self._run(self._child_calls(kind)[1], name, namespace, patch,
                                 _content_type="application/merge-patch+json")
 
     async def delete_child(self, kind: str, namespace: str, name: str, uid: str) -> None:
@@ -158,7 +173,7 @@ class Kube:
         """
         body = {"metadata": {"resourceVersion": resource_version}, "spec": {"replicas": replicas}}
         try:
-            await asyncio.to_thread(self.custom.patch_namespaced_custom_object_scale, GROUP, VERSION, namespace,
+            await self._run(self.custom.patch_namespaced_custom_object_scale, GROUP, VERSION, namespace,
                                     PLURAL, name, body)
         except ApiException as exc:
             if exc.status == 409:

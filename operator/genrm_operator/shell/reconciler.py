@@ -96,8 +96,10 @@ class PoolReconciler:
         metrics.ACTIVE_POOLS.inc()
         try:
             while not stopped():
-                busy = await self.guarded_step()
+                # Cleared before the step: an event during it (the echo of this step's own status
+                # write or pod patch) runs the next step at once instead of after the resync.
                 self.wake.clear()
+                busy = await self.guarded_step()
                 try:
                     resync = ACTIVE_RESYNC_SECONDS if busy else IDLE_RESYNC_SECONDS
                     await asyncio.wait_for(self.wake.wait(), min(resync, self.autoscaler.seconds_until_due()))

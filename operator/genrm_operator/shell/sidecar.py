@@ -24,6 +24,9 @@ from ..core.model import SidecarView
 
 log = logging.getLogger(__name__)
 STATE_TIMEOUT = httpx.Timeout(2.0, connect=1.0)
+LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=4096, keepalive_expiry=60.0)
+"""One kept-alive connection per replica, for all pools: httpx's default keeps 20 alive, so with many
+replicas every step reconnected to most sidecars. The gateway keeps idle connections 75 s."""
 DEFAULT_PROBES = (
     ProbeRequest(prompt="Rate the answer 'Paris' to the question 'What is the capital of France?' "
                         "from 1 to 10 and explain briefly.", max_new_tokens=32),
