@@ -156,3 +156,16 @@ def test_a_scale_out_during_a_rollout_creates_new_template_replicas() -> None:
     run_until(world, world.converged, max_steps=300)
     assert {p.revision for p in world.pods.values()} == {world.revision}
     assert len(world.pods) == 4
+
+
+def test_a_surge_replica_on_its_way_is_not_a_blocked_rollout() -> None:
+    # Regression: with maxSurge 1 the surge replica fills the room; while it starts (scheduled,
+    # or its create not yet observed) the rollout is progressing, not blocked.
+    world = converged_world(3)
+    change_template(world)
+    def done() -> bool:
+        blocked = find(world.status.conditions, ConditionType.ROLLOUT_BLOCKED)
+        assert blocked is None or blocked.status == "False", blocked
+        return world.converged()
+    run_until(world, done, max_steps=300)
+    assert ConditionType.ROLLOUT_BLOCKED not in reasons(world.plans)

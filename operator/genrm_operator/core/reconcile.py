@@ -444,7 +444,10 @@ class _Step:
         if min(missing, room) > 0 and create_backoff(self.history, self.now) == 0.0:
             op = self.create(op, min(missing, room))
         verifying = self.publish_or_verify(self.revision)
-        surge_blocked = (missing > 0 and room == 0) or (bool(waiting) and all(r.pod.unschedulable for r in waiting))
+        # A surge replica on its way (scheduled, or its create not yet observed) fills the room: not blocked.
+        on_its_way = any(not r.pod.unschedulable for r in waiting) or bool(self.pending_creates())
+        surge_blocked = (missing > 0 and room == 0 and not on_its_way) or \
+            (bool(waiting) and all(r.pod.unschedulable for r in waiting))
         old = self.outdated()
         if not paused:
             floor = self.desired - (strategy.max_unavailable if surge_blocked else 0)
