@@ -28,8 +28,12 @@ def test_apply_makes_an_available_pool_with_the_requested_serving_replicas(clust
     assert status["history"][-1]["type"] == "ScaleOut" and status["history"][-1]["outcome"] == "Succeeded"
 
     table = cluster.kubectl("get", "genrmpools", "-n", namespace).splitlines()
-    assert table[0].split() == ["NAME", "DESIRED", "CURRENT", "READY", "SERVING", "OPERATION", "PHASE", "AGE"]
-    assert table[1].split()[:5] == ["demo", "2", "2", "2", "2"]
+    assert table[0].split() == ["NAME", "DESIRED", "CURRENT", "READY", "SERVING", "UP-TO-DATE", "OPERATION",
+                                "PHASE", "AGE"]
+    assert table[1].split()[:6] == ["demo", "2", "2", "2", "2", "2"]
+    assert status["updatedReplicas"] == 2 and status["currentRevision"] == status["updateRevision"]
+    assert {p["metadata"]["labels"]["genrm.io/revision"] for p in cluster.pods(namespace, "demo")} == {
+        status["updateRevision"]}
     assert "grp" in cluster.kubectl("api-resources", "--api-group=genrm.io")
 
     explained = cluster.kubectl("explain", "genrmpool.spec.drain")
