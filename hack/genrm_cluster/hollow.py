@@ -77,6 +77,7 @@ from pydantic import ValidationError
 
 from genrm_cluster.kubeapi import JSON
 from genrm_cluster.netns import PodNetns, PodNetwork, ip
+from genrm_cluster.podrunner import PodConditions, StatusSink, now_rfc3339
 
 log = logging.getLogger("genrm_cluster.hollow")
 
@@ -345,13 +346,6 @@ def replica_timings(pod: JSON) -> dict[str, Any]:
             "generation": "--sim-classifier" not in args}
 
 
-def _now_rfc3339() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-StatusSink = Callable[[JSON, JSON], bool]
-
-
 class HollowPod:
     """The agent's runner for one hollow pod (the interface NodeAgent uses of a PodRunner)."""
 
@@ -361,8 +355,8 @@ class HollowPod:
         self.ready = False
         self.deleting = False
         self.finished = threading.Event()
-        self.started_at = _now_rfc3339()
-        self._transitions: dict[str, tuple[str, str]] = {}
+        self.started_at = now_rfc3339()
+        self._condition = PodConditions()
         self._worker = node.worker_for(pod["metadata"]["uid"])
 
     @property
@@ -409,14 +403,6 @@ class HollowPod:
             if self.finished.is_set() or self.on_status(self.pod, self.status()):
                 return
             time.sleep(0.5)
-
-    def _condition(self, kind: str, ok: bool) -> JSON:
-        status = "True" if ok else "False"
-        previous = self._transitions.get(kind)
-        if previous is None or previous[0] != status:
-            self._transitions[kind] = (status, _now_rfc3339())
-        return {"type": kind, "status": status, "lastProbeTime": None,
-                "lastTransitionTime": self._transitions[kind][1]}
 
     def status(self) -> JSON:
         host = self.node.network.host_ip

@@ -47,6 +47,21 @@ def now_rfc3339() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+class PodConditions:
+    """A pod's status conditions, each keeping its lastTransitionTime until its status flips (as the kubelet's)."""
+
+    def __init__(self) -> None:
+        self._transitions: dict[str, tuple[str, str]] = {}
+
+    def __call__(self, kind: str, ok: bool) -> JSON:
+        status = "True" if ok else "False"
+        previous = self._transitions.get(kind)
+        if previous is None or previous[0] != status:
+            self._transitions[kind] = (status, now_rfc3339())
+        return {"type": kind, "status": status, "lastProbeTime": None,
+                "lastTransitionTime": self._transitions[kind][1]}
+
+
 @dataclass
 class Container:
     """One container of the pod and the state of its current run."""
@@ -132,7 +147,7 @@ class PodRunner:
         self.phase = "Pending"
         self.message = ""
         self.start_time = now_rfc3339()
-        self._transitions: dict[str, tuple[str, str]] = {}
+        self._condition = PodConditions()
         self._last_reported: JSON | None = None
         self._wake = threading.Event()
         self._terminate_grace: float | None = None
@@ -312,14 +327,6 @@ class PodRunner:
         """A terminal phase: stop what still runs (sidecars) without hooks."""
         self.phase = phase
         self._stop_all(grace=self._grace(), hooks=False)
-
-    def _condition(self, kind: str, ok: bool) -> JSON:
-        status = "True" if ok else "False"
-        previous = self._transitions.get(kind)
-        if previous is None or previous[0] != status:
-            self._transitions[kind] = (status, now_rfc3339())
-        return {"type": kind, "status": status, "lastProbeTime": None,
-                "lastTransitionTime": self._transitions[kind][1]}
 
     def status(self) -> JSON:
         """The pod status as the kubelet would report it."""
