@@ -66,6 +66,16 @@ def _failed_at(plain: PlainClients, started: float) -> str:
     return f"{plain_report(plain)}\nended at +s: {[round(f.at - started, 1) for f in plain.stats.failures]}"
 
 
+def _replaced_without_loss(cluster: Cluster, namespace: str, name: str, plain: PlainClients, started: float,
+                           before: set[str], replicas: int) -> set[str]:
+    """The pods after a rollout: all ``replicas`` of ``before`` replaced, and no plain-client request failed."""
+    account_plain(plain)
+    assert plain.stats.failed == 0, _failed_at(plain, started)
+    after = set(_revisions(_live(cluster, namespace, name)))
+    assert len(before - after) == replicas and not before & after, (before, after)
+    return after
+
+
 def _assert_last_rollout_succeeded(pool: dict[str, Any]) -> dict[str, Any]:
     last = pool["status"]["history"][-1]
     assert (last["type"], last["outcome"]) == ("Rollout", "Succeeded"), last
@@ -94,11 +104,8 @@ def test_rolling_update_under_load_and_through_an_operator_kill_loses_nothing(
         pool = _rolled_out(cluster, namespace, name, replicas, first)
         seconds = time.monotonic() - started
         time.sleep(2)
-    account_plain(plain)
-    assert plain.stats.failed == 0, _failed_at(plain, started)
-    after = set(_revisions(_live(cluster, namespace, name)))
+    after = _replaced_without_loss(cluster, namespace, name, plain, started, before, replicas)
     replaced = len(before - after)
-    assert replaced == replicas and not before & after, (before, after)
     last = _assert_last_rollout_succeeded(pool)
     assert f"{replicas} replica(s) replaced" in last["message"], last
     second = pool["status"]["updateRevision"]
@@ -121,11 +128,8 @@ def test_rolling_update_under_load_and_through_an_operator_kill_loses_nothing(
         pool = _rolled_out(cluster, namespace, name, replicas, second)
         seconds = time.monotonic() - started
         time.sleep(2)
-    account_plain(plain)
-    assert plain.stats.failed == 0, _failed_at(plain, started)
-    after = set(_revisions(_live(cluster, namespace, name)))
+    after = _replaced_without_loss(cluster, namespace, name, plain, started, before, replicas)
     replaced = len(before - after)
-    assert replaced == replicas and not before & after, (before, after)
     _assert_last_rollout_succeeded(pool)
     names = [p["metadata"]["name"] for p in cluster.pods(namespace, name)]
     assert len(names) == len(set(names)) == replicas, names
