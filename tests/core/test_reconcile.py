@@ -656,3 +656,20 @@ def test_the_status_survives_its_wire_form() -> None:
 
 def test_replica_inflight_is_zero_when_the_sidecar_is_unknown() -> None:
     assert Replica(pod=serving_pod("judge-0"), role=Role.SERVING, sidecar=None).inflight == 0
+
+
+def test_the_propagation_window_is_whole_even_when_the_unpublish_came_late_in_a_second() -> None:
+    """Unpublished at x.9 s: the fence must not come before x.9 + propagationSeconds (a record in whole
+    seconds would have shortened the window by up to a second, letting the fence meet traffic
+    that endpoint propagation was still sending)."""
+    spec = make_spec(1)  # propagationSeconds 2
+    victim = {"name": "judge-1", "uid": "uid-judge-1"}
+    pods = [serving_pod("judge-0"), serving_pod("judge-1")]
+    unpublished = reconcile(observe(spec, pods, None, scale_in([victim], phase="Unpublishing"), now=NOW + 0.9))
+    status = GenRMPoolStatus.model_validate(unpublished.status.to_wire())
+    pods = [serving_pod("judge-0"), serving_pod("judge-1", published=False)]
+    sidecars = {"judge-0": serving_sidecar(), "judge-1": serving_sidecar(state="SoftDrain")}
+    early = reconcile(observe(spec, pods, sidecars, status, now=NOW + 2.5))
+    assert not [a for a in early.actions if isinstance(a, Drain) and a.phase == "fence"]
+    due = reconcile(observe(spec, pods, sidecars, status, now=NOW + 2.9))
+    assert Drain("judge-1", drain_id("uid-judge-1"), "fence") in due.actions

@@ -49,7 +49,7 @@ from .autoscale import Scaling, autoscale
 from .children import template_revision
 from .childrenplan import CHILD_FAILED
 from .classify import Replica, Role, classify
-from .clock import stamp
+from .clock import instant, stamp
 from .conditions import set_condition
 from .model import (
     Action,
@@ -565,13 +565,13 @@ class _Step:
             if pod.published or v.unpublished_at is None:
                 # The propagation window counts from the last time the pod was seen published: an
                 # unpublish lost to an operator crash must not let the fence come before it.
-                v = v.evolve(unpublished_at=stamp(self.now))
+                v = v.evolve(unpublished_at=instant(self.now))
             if pod.published:
                 self.act(SetPublished(pod.name, pod.uid, False))
             if state in (None, DrainState.SERVING):
                 self.act(Drain(pod.name, did, "soft"))
             return v, Phase.UNPUBLISHING, ""
-        fenced_at = v.fenced_at or stamp(self.now)
+        fenced_at = v.fenced_at or instant(self.now)
         v = v.evolve(fenced_at=fenced_at)
         if state in (None, DrainState.SERVING, DrainState.SOFT_DRAIN):
             self.act(Drain(pod.name, did, "fence"))
