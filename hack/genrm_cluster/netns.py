@@ -121,7 +121,11 @@ class PodNetwork:
             raise NetworkError(f"all {MAX_SLOTS} pod-network slots are in use")
         self.network = ipaddress.IPv4Network(f"10.{244 + self.slot}.0.0/16")
         self._remove_slot_objects()
-        ip("link", "add", self.bridge, "type", "bridge")
+        # A bridge without an address of its own takes the lowest MAC of its ports and changes it
+        # when ports come and go: pods whose ARP entry for the host still holds the address of a
+        # deleted pod's veth then send their answers nowhere until the entry expires (clients saw
+        # read timeouts whenever a pod was deleted). A fixed, locally administered one never changes.
+        ip("link", "add", self.bridge, "address", f"02:67:65:6e:72:{self.slot:02x}", "type", "bridge")
         ip("addr", "add", f"{self.host_ip}/{self.network.prefixlen}", "dev", self.bridge)
         ip("link", "set", self.bridge, "up")
         self.router = self._attach(f"genrm{self.slot}-{ROUTER}", self.router_ip, f"gv{self.slot}-{ROUTER}")
