@@ -86,9 +86,7 @@ def test_rolling_update_under_load_and_through_an_operator_kill_loses_nothing(
     cluster: Cluster, operator: OperatorProcess, namespace: str
 ) -> None:
     name, replicas = "roll", 3
-    # Propagation as test_operator_crash sets it: kube-proxy on 2 busy cores needs more than 2 s.
-    cluster.kubectl("apply", "-f", "-", input=pool_manifest(
-        name, namespace, replicas=replicas, drain={"propagationSeconds": 4, "quietSeconds": 1, "timeoutSeconds": 60}))
+    cluster.kubectl("apply", "-f", "-", input=pool_manifest(name, namespace, replicas=replicas))
     pool = cluster.wait_serving(namespace, name, replicas)
     first = pool["status"]["updateRevision"]
     before = set(_revisions(_live(cluster, namespace, name)))
