@@ -9,6 +9,7 @@ import-linter contract keeps it so), so any side, the functional core included, 
 from __future__ import annotations
 
 import enum
+import secrets
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -41,6 +42,17 @@ PROPAGATION_SECONDS = 5
 """Soft drain to fence: time for endpoints to stop routing to the replica."""
 MAX_BODY_BYTES = 8 * 1024 * 1024
 """Request bodies larger than this are refused with 413."""
+
+WAIT_PARAM = "waitSeconds"
+VERSION_PARAM = "version"
+"""``GET /v1/state?version=V&waitSeconds=S`` is a long poll: the answer comes as soon as the state's
+version differs from ``V``, or after ``S`` seconds with the same version. The operator keeps one such
+poll open per replica instead of asking every replica at every reconcile step."""
+MAX_WAIT_SECONDS = 60.0
+"""The longest wait a state poll may ask for (less than the gateway's 75 s keep-alive)."""
+WATCH_TICK_SECONDS = 0.2
+"""How often a waiting state poll looks again: a deferred fence and Drained come due with time, not
+with a call, so a change is answered within this long."""
 
 
 class DrainState(enum.StrEnum):
@@ -105,9 +117,43 @@ class StateDocument(_Document):
     refused_total: int = Field(alias="refusedTotal")
     engine: EngineReport
     idle_since_seconds: float | None = Field(alias="idleSinceSeconds")
+    boot_id: str | None = Field(default=None, alias="bootId")
+    """Changes when the gateway restarts: versions count from 1 again."""
+    version: int | None = Field(default=None, ge=0)
+    """Grows whenever something the operator acts on changes (see :class:`Versions`)."""
 
     def wire(self) -> dict[str, object]:
         return self.model_dump(by_alias=True, mode="json")
+
+    def significant(self) -> tuple[object, ...]:
+        """What the operator decides on: state, drain id, the engine's health, and, once fenced, whether
+        anything is still in flight. Load figures change all the time and are not part of it."""
+        fenced_busy = self.inflight > 0 if self.state is DrainState.FENCED else None
+        return self.state, self.drain_id, self.engine.up, self.engine.healthy, fenced_busy
+
+    def newer_than(self, other: StateDocument | None) -> bool:
+        """Whether this report supersedes ``other``: answers on separate connections may arrive out of
+        order, so an older version never replaces a newer one of the same gateway process."""
+        if other is None or self.boot_id != other.boot_id or self.version is None or other.version is None:
+            return True
+        return self.version >= other.version
+
+
+class Versions:
+    """Numbers a gateway's state documents: the version grows by one whenever the significant part of
+    the document changes, so a long poll can wait for "anything other than version V"."""
+
+    def __init__(self) -> None:
+        self.boot_id = secrets.token_hex(6)
+        self._version = 0
+        self._last: tuple[object, ...] | None = None
+
+    def stamp(self, document: StateDocument) -> StateDocument:
+        """The document with this process's boot id and the version its significant part has."""
+        significant = document.significant()
+        if significant != self._last:
+            self._last, self._version = significant, self._version + 1
+        return document.model_copy(update={"boot_id": self.boot_id, "version": self._version})
 
 
 class Series(enum.StrEnum):

@@ -7,25 +7,31 @@ No OpenAPI document and no trailing-slash redirects: nothing here is for browsin
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import time
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, Request, Response
+from fastapi import Depends, FastAPI, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from genrm_contract.drained import control_token
 from genrm_contract.sidecar import (
     DRAIN_PATH,
     LIVE_PATH,
+    MAX_WAIT_SECONDS,
     METRICS_PATH,
     READY_PATH,
     STATE_PATH,
     UNDRAIN_PATH,
+    WAIT_PARAM,
+    WATCH_TICK_SECONDS,
     DrainRequest,
     DrainState,
     EngineReport,
     Reason,
     StateDocument,
     UndrainRequest,
+    Versions,
 )
 from starlette.exceptions import HTTPException
 
@@ -56,18 +62,19 @@ def create_control_app(admission: Admission, drain: DrainController, engine: Eng
                        metrics: GatewayMetrics) -> FastAPI:
     app = FastAPI(title="genrm-gateway", docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
     authorized = [Depends(require_token)]
+    versions = Versions()
 
-    def state_document() -> dict[str, Any]:
+    def state_document() -> StateDocument:
         idle = drain.idle_seconds()
         load = engine.load
-        return StateDocument(
+        return versions.stamp(StateDocument(
             state=drain.state, drain_id=drain.drain_id, inflight=admission.inflight,
             admitted_total=admission.admitted_total, completed_total=admission.completed_total,
             refused_total=admission.refused_total,
             engine=EngineReport(up=engine.up, healthy=engine.healthy, running_requests=load.running,
                                 queued_requests=load.queued, token_usage=load.token_usage),
             idle_since_seconds=None if idle is None else round(idle, 3),
-        ).wire()
+        ))
 
     @app.exception_handler(Refusal)
     async def refusal(request: Request, exc: Refusal) -> Response:
@@ -106,18 +113,27 @@ def create_control_app(admission: Admission, drain: DrainController, engine: Eng
                         media_type="application/json")
 
     @app.get(STATE_PATH, dependencies=authorized)
-    async def get_state() -> dict[str, Any]:
-        return state_document()
+    async def get_state(
+        version: Annotated[int | None, Query(ge=0)] = None,
+        wait_seconds: Annotated[float, Query(alias=WAIT_PARAM, ge=0, le=MAX_WAIT_SECONDS)] = 0.0,
+    ) -> dict[str, Any]:
+        """The state now, or (a long poll) as soon as its version is not ``version``."""
+        deadline = time.monotonic() + wait_seconds
+        document = state_document()
+        while version is not None and document.version == version and (left := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(min(WATCH_TICK_SECONDS, left))
+            document = state_document()
+        return document.wire()
 
     @app.post(DRAIN_PATH, dependencies=authorized)
     async def post_drain(request: DrainRequest) -> dict[str, Any]:
         drain.drain(request.drain_id, request.phase, request.quiet_seconds)
-        return state_document()
+        return state_document().wire()
 
     @app.post(UNDRAIN_PATH, dependencies=authorized)
     async def post_undrain(request: UndrainRequest) -> dict[str, Any]:
         drain.undrain(request.drain_id)
-        return state_document()
+        return state_document().wire()
 
     @app.get(METRICS_PATH)
     async def get_metrics() -> Response:

@@ -45,6 +45,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ from genrm_contract.sidecar import (
     CONTROL_PORT,
     DRAIN_PATH,
     LIVE_PATH,
+    MAX_WAIT_SECONDS,
     METRICS_PATH,
     PROPAGATION_SECONDS,
     QUIET_SECONDS,
@@ -64,6 +66,8 @@ from genrm_contract.sidecar import (
     STATE_PATH,
     TRAFFIC_PORT,
     UNDRAIN_PATH,
+    VERSION_PARAM,
+    WAIT_PARAM,
     DrainRequest,
     DrainState,
     EngineReport,
@@ -72,6 +76,7 @@ from genrm_contract.sidecar import (
     Series,
     StateDocument,
     UndrainRequest,
+    Versions,
 )
 from pydantic import ValidationError
 
@@ -107,6 +112,23 @@ class HollowReplica:
     drained_at: float | None = None
     admitted: int = 0
     refused: int = 0
+    versions: Versions = field(default_factory=Versions)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set (and replaced) by every drain call, so waiting state polls look again at once."""
+
+    def touch(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    def next_change(self, now: float) -> float:
+        """When the state changes with time alone: the engine comes up, a deferred fence, Drained."""
+        if not self.engine_up(now):
+            return self.registered + self.startup
+        if self.state is DrainState.SOFT_DRAIN and self.fence_at is not None:
+            return self.fence_at
+        if self.state is DrainState.FENCED:
+            return self.idle_since + self.quiet
+        return now + MAX_WAIT_SECONDS
 
     def engine_up(self, now: float) -> bool:
         return now >= self.registered + self.startup
@@ -134,6 +156,7 @@ class HollowReplica:
             self.fenced, self.state = now, DrainState.FENCED
         elif request.phase is Phase.SOFT and state is DrainState.SERVING:
             self.state = DrainState.SOFT_DRAIN
+        self.touch()
         return True
 
     def undrain(self, request: UndrainRequest, now: float) -> bool:
@@ -143,17 +166,34 @@ class HollowReplica:
         if state is DrainState.DRAINED or request.drain_id != self.drain_id:
             return False
         self.state, self.drain_id, self.fence_at = DrainState.SERVING, None, None
+        self.touch()
         return True
 
     def document(self, now: float) -> dict[str, Any]:
+        return self.stamped(now).wire()
+
+    def stamped(self, now: float) -> StateDocument:
         up = self.engine_up(now)
-        return StateDocument(
+        return self.versions.stamp(StateDocument(
             state=self.current(now), drain_id=self.drain_id, inflight=0, admitted_total=self.admitted,
             completed_total=self.admitted, refused_total=self.refused,
             engine=EngineReport(up=up, healthy=up, running_requests=0 if up else None,
                                 queued_requests=0 if up else None, token_usage=0.0 if up else None),
             idle_since_seconds=round(now - self.idle_since, 3),
-        ).wire()
+        ))
+
+    async def wait(self, version: int, seconds: float) -> dict[str, Any]:
+        """The long poll of the contract: answered once the version is not ``version``, or after ``seconds``."""
+        deadline = time.monotonic() + seconds
+        while True:
+            now = time.monotonic()
+            document = self.stamped(now)
+            if document.version != version or now >= deadline:
+                return document.wire()
+            try:
+                await asyncio.wait_for(self.changed.wait(), max(0.0, min(deadline, self.next_change(now)) - now))
+            except TimeoutError:
+                pass
 
     def ready(self, now: float) -> bool:
         return self.engine_up(now) and self.current(now) is DrainState.SERVING
@@ -198,7 +238,15 @@ class HollowServer:
                 break
         local, port = scope["server"]
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
-        code, payload, extra = self.handle(local, port, scope["method"], scope["path"], headers, body)
+        query = urllib.parse.parse_qs(scope.get("query_string", b"").decode())
+        replica = self.replicas.get(local)
+        if (replica is not None and port == self.control_port and scope["path"] == STATE_PATH
+                and VERSION_PARAM in query and headers.get("authorization", "").startswith("Bearer ")):
+            self.calls[f"control {scope['method']} {STATE_PATH}?wait"] += 1
+            wait = min(float(query.get(WAIT_PARAM, ["0"])[0]), MAX_WAIT_SECONDS)
+            code, payload, extra = _json(200, await replica.wait(int(query[VERSION_PARAM][0]), wait))
+        else:
+            code, payload, extra = self.handle(local, port, scope["method"], scope["path"], headers, body)
         out = [(b"content-type", b"application/json"), *((k.encode(), v.encode()) for k, v in extra.items())]
         await send({"type": "http.response.start", "status": code, "headers": out})
         await send({"type": "http.response.body", "body": payload})

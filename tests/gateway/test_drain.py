@@ -140,3 +140,52 @@ def test_prestop_waits_for_an_operator_drain_and_honours_its_deadline() -> None:
         assert slow_status == 200
         assert stack.state()["drainId"] == "operator-op"
         assert _drain_command(stack, 10).returncode == 0
+
+
+def test_a_state_poll_waits_for_a_change_of_version(fresh: Stack) -> None:
+    """The operator's long poll: held while the version stays, answered as soon as it changes (by a
+    drain call or by time alone, as the deferred fence and Drained come due), never holding a client
+    without the token, and refusing waits outside the contract's bounds."""
+    first = fresh.state()
+    version, boot = first["version"], first["bootId"]
+    assert isinstance(version, int) and isinstance(boot, str) and boot
+
+    def poll(**params: object) -> httpx.Response:
+        return httpx.get(f"{fresh.control}/v1/state", headers=AUTH, params=params, timeout=10)
+
+    started = time.monotonic()
+    held = poll(version=version, waitSeconds=0.6)
+    assert held.status_code == 200 and held.json()["version"] == version and time.monotonic() - started >= 0.55
+    assert poll(version=version + 7, waitSeconds=5).json()["version"] == version  # a stale version: at once
+    # Load alone (a served request) is not a change of version.
+    assert httpx.post(f"{fresh.url}/generate", json={"text": "x"}).status_code == 200
+    assert fresh.state()["version"] == version
+
+    async def changes() -> tuple[dict[str, object], float, dict[str, object], float]:
+        async with httpx.AsyncClient(headers=AUTH, timeout=10) as http:
+            begun = time.monotonic()
+            waiting = asyncio.ensure_future(http.get(f"{fresh.control}/v1/state",
+                                                     params={"version": version, "waitSeconds": 5}))
+            await asyncio.sleep(0.3)
+            assert not waiting.done()
+            drained = await http.post(f"{fresh.control}/v1/drain", json={"drainId": "op/p", "phase": "fence",
+                                                                        "quietSeconds": 0.1})
+            assert drained.json()["version"] == version + 1  # the drain call's own answer is versioned too
+            soft = (await waiting).json()
+            soft_after = time.monotonic() - begun
+            # The deferred fence (0.2 s propagation here) then Drained come with time, not with a call.
+            later = await http.get(f"{fresh.control}/v1/state", params={"version": soft["version"], "waitSeconds": 5})
+            return soft, soft_after, later.json(), time.monotonic() - begun
+
+    soft, soft_after, later, later_after = asyncio.run(changes())
+    assert soft["state"] == "SoftDrain" and soft["version"] == version + 1 and soft_after < 1.0
+    assert later["state"] in ("Fenced", "Drained") and later["version"] > soft["version"] and later_after < 1.5
+    assert later["bootId"] == boot
+    # Bounds: no token, no wait; a negative, endless or non-numeric wait is a 400, not a held socket.
+    assert httpx.get(f"{fresh.control}/v1/state", params={"version": 1, "waitSeconds": 5}).status_code == 401
+    for bad in ({"version": 1, "waitSeconds": -1}, {"version": 1, "waitSeconds": 61},
+                {"version": 1, "waitSeconds": "nan"}, {"version": -1}, {"version": "x"}):
+        started = time.monotonic()
+        refused = poll(**bad)
+        assert refused.status_code == 400 and refused.json()["error"]["reason"] == "badRequest", bad
+        assert time.monotonic() - started < 1.0

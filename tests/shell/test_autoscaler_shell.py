@@ -13,16 +13,18 @@ repeated, not mistaken for an external one; mode Off drops the autoscaler's cond
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from typing import Any
 
 import httpx
+from genrm_contract.sidecar import DrainState, EngineReport, StateDocument
 from genrm_operator.api.autoscaling import AutoscalerStatus, AutoscalingSpec, DecisionRecord
 from genrm_operator.api.pool import GenRMPoolSpec
 from genrm_operator.api.status import ConditionType
 from genrm_operator.autoscaling.override import external_write
 from genrm_operator.core.children import template_revision
-from genrm_operator.core.model import Event, SidecarView
+from genrm_operator.core.model import Event
 from genrm_operator.shell import metrics
 from genrm_operator.shell.autoscaler import PoolAutoscaler
 from genrm_operator.shell.kube import Conflict
@@ -54,7 +56,7 @@ class FakeKube:
     async def get_pool(self, namespace: str, name: str) -> dict[str, Any]:
         return copy.deepcopy(self.pool)
 
-    async def replace_status(self, pool: dict[str, Any], status: dict[str, Any]) -> str:
+    async def write_status(self, pool: dict[str, Any], status: dict[str, Any]) -> str:
         self.status_writes += 1
         self.pool["status"] = status
         return self.bump()
@@ -78,8 +80,15 @@ class FakeKube:
 
 
 class FakeSidecars:
-    async def states(self, endpoints: dict[str, Any]) -> dict[str, SidecarView | None]:
-        return {name: SidecarView("Serving", inflight=0, engine_healthy=True) for name in endpoints}
+    """Every replica serves, idle and healthy, for good: a long poll waits out its time."""
+
+    async def state(self, ep: Any, version: int | None = None, wait_seconds: float = 0.0) -> StateDocument:
+        if version is not None:
+            await asyncio.sleep(wait_seconds)
+        return StateDocument(
+            state=DrainState.SERVING, drain_id=None, inflight=0, admitted_total=0, completed_total=0,
+            refused_total=0, engine=EngineReport(up=True, healthy=True, running_requests=0, queued_requests=0,
+                                                 token_usage=0.0), idle_since_seconds=1.0, boot_id="b", version=1)
 
 
 def serving_pod(ordinal: int) -> dict[str, Any]:
@@ -138,7 +147,7 @@ class Harness:
 
 async def test_a_count_written_by_another_writer_between_status_and_scale_is_not_overwritten() -> None:
     h = Harness(pool(1), replicas=1, inflight=6)
-    write_status = h.kube.replace_status
+    write_status = h.kube.write_status
 
     async def then_someone_scales(pool_: dict[str, Any], status: dict[str, Any]) -> str:
         ours = await write_status(pool_, status)
@@ -146,7 +155,7 @@ async def test_a_count_written_by_another_writer_between_status_and_scale_is_not
         h.kube.bump()
         return ours
 
-    h.kube.replace_status = then_someone_scales  # type: ignore[method-assign]
+    h.kube.write_status = then_someone_scales  # type: ignore[method-assign]
     await h.step()
     assert h.kube.scaled == [] and h.kube.pool["spec"]["replicas"] == 5
     assert "SuccessfulRescale" not in [e.reason for e in h.events]

@@ -59,7 +59,7 @@ class FakeKube:
     async def get_pool(self, namespace: str, name: str) -> Manifest:
         return copy.deepcopy(self.pool)
 
-    async def replace_status(self, pool: Manifest, status: Manifest) -> str:
+    async def write_status(self, pool: Manifest, status: Manifest) -> str:
         self.pool["status"] = status
         return "2"
 
@@ -85,8 +85,10 @@ class FakeKube:
 
 
 class FakeSidecars:
-    async def states(self, endpoints: dict[str, Any]) -> dict[str, Any]:
-        return {}
+    """No pod here has an address, so no sidecar is ever asked."""
+
+    async def state(self, ep: Any, version: int | None = None, wait_seconds: float = 0.0) -> None:
+        raise AssertionError("no sidecar to ask")
 
 
 class Harness:

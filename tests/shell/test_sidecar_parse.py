@@ -1,9 +1,9 @@
 """Tests of the pure parts of ``genrm_operator.shell.sidecar``.
 
-Aspects under test: ``parse_state`` turns a gateway ``/v1/state`` document (built from the shared
-contract) into the core's ``SidecarView`` for each drain state, with in-flight count, engine
-health and drain id, and returns None (unknown, never drained) for anything that is not a whole
-state document;
+Aspects under test: ``parse_state`` and ``view_of`` turn a gateway ``/v1/state`` document (built
+from the shared contract) into the core's ``SidecarView`` for each drain state, with in-flight
+count, engine health and drain id, and ``parse_state`` returns None (unknown, never drained) for
+anything that is not a whole state document;
 ``compare`` accepts a first replica without a reference, accepts identical answers and names
 the first differing probe with both answers (truncated) otherwise; the default probes.
 """
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from genrm_contract.sidecar import DrainState, EngineReport, StateDocument
 from genrm_operator.core.model import SidecarView
-from genrm_operator.shell.sidecar import DEFAULT_PROBES, Endpoint, compare, parse_state
+from genrm_operator.shell.sidecar import DEFAULT_PROBES, Endpoint, compare, parse_state, view_of
 
 
 def state_document(state: DrainState, inflight: int = 4, healthy: bool = True,
@@ -30,12 +30,15 @@ def state_document(state: DrainState, inflight: int = 4, healthy: bool = True,
 
 @pytest.mark.parametrize("state", list(DrainState))
 def test_every_drain_state_is_parsed(state: DrainState) -> None:
-    assert parse_state(state_document(state)) == SidecarView(state=state, inflight=4, engine_healthy=True)
+    document = parse_state(state_document(state))
+    assert document is not None
+    assert view_of(document) == SidecarView(state=state, inflight=4, engine_healthy=True)
 
 
 def test_a_serving_sidecar_with_a_cold_engine_is_not_healthy() -> None:
-    view = parse_state(state_document(DrainState.SERVING, inflight=0, healthy=False, drain_id=None))
-    assert view == SidecarView(state=DrainState.SERVING, inflight=0, engine_healthy=False)
+    document = parse_state(state_document(DrainState.SERVING, inflight=0, healthy=False, drain_id=None))
+    assert document is not None
+    assert view_of(document) == SidecarView(state=DrainState.SERVING, inflight=0, engine_healthy=False)
 
 
 def test_an_incomplete_document_is_unknown_never_idle() -> None:

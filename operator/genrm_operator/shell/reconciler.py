@@ -1,9 +1,10 @@
 """The per-pool single writer: observe, decide (pure core), write status, act.
 
 One :class:`PoolReconciler` runs inside one kopf daemon per pool. Each step
-reads the pool and its pods fresh from the API server, asks the sidecars for
-their drain state, calls :func:`reconcile`, writes the status with optimistic
-concurrency and only then carries out the actions. A crash anywhere is safe:
+reads the pool fresh from the API server, its pods from the watch and the
+sidecars' latest drain states from their long polls (`sidecarwatch`), calls
+:func:`reconcile`, writes the status with optimistic concurrency and only then
+carries out the actions. A crash anywhere is safe:
 the next step (or the next operator process) recomputes from observations and
 repeats idempotent actions.
 """
@@ -16,7 +17,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 
-from genrm_contract.sidecar import DrainRequest, Phase, UndrainRequest
+from genrm_contract.sidecar import DrainRequest, Phase, StateDocument, UndrainRequest
 from kubernetes.client.exceptions import ApiException
 
 from ..api.pool import GenRMPoolSpec, GenRMPoolStatus
@@ -56,6 +57,7 @@ from .autoscaler import PoolAutoscaler
 from .kube import Conflict, Kube, Manifest, api_message
 from .observe import pod_ip, pod_view
 from .sidecar import Endpoint, SidecarClient, compare
+from .sidecarwatch import SidecarWatch
 
 log = logging.getLogger(__name__)
 ACTIVE_RESYNC_SECONDS = 1.0
@@ -89,6 +91,7 @@ class PoolReconciler:
         self._recent_events: dict[tuple[str, str], float] = {}
         self._token: str | None = None
         self.autoscaler = PoolAutoscaler(kube, namespace, name)
+        self.watch = SidecarWatch(sidecars, self.wake.set)
 
     async def run(self, stopped: Callable[[], bool]) -> None:
         """Step until stopped; woken early by pool and pod events."""
@@ -107,6 +110,7 @@ class PoolReconciler:
                     pass
         finally:
             metrics.ACTIVE_POOLS.dec()
+            await self.watch.close()
             await self.autoscaler.close()
 
     async def guarded_step(self) -> bool:
@@ -147,13 +151,13 @@ class PoolReconciler:
         published = [v.name for v in views if v.published and not v.deleting]
         observed = Observed(
             name=self.name, generation=int(meta.get("generation", 0)), spec=spec, status=status,
-            pods=views, sidecars=await self.sidecars.states(endpoints), now=time.time(),
+            pods=views, sidecars=await self.watch.views(endpoints), now=time.time(),
             child_errors=child_errors, metrics=await self.autoscaler.sample(spec.autoscaling, published, endpoints),
         )
         plan = reconcile(observed)
         version = str(meta.get("resourceVersion", ""))
         if plan.status != status:
-            version = await self.kube.replace_status(pool, plan.status.to_wire())
+            version = await self.kube.write_status(pool, plan.status.to_wire())
         self.autoscaler.committed(plan.decision)
         metrics.observe_finished(self.namespace, self.name,
                                  [h for h in plan.status.history if h not in status.history])
@@ -231,10 +235,10 @@ class PoolReconciler:
                     await self.kube.patch_pod_meta(ns, name, uid, {PUBLISHED_LABEL: str(published).lower()},
                                                    annotations)
                 case Drain(name=name, drain_id=drain_id, phase=phase) if name in endpoints:
-                    await self.sidecars.drain(endpoints[name], DrainRequest(
-                        drain_id=drain_id, phase=Phase(phase), quiet_seconds=spec.drain.quiet_seconds))
+                    self.reported(name, await self.sidecars.drain(endpoints[name], DrainRequest(
+                        drain_id=drain_id, phase=Phase(phase), quiet_seconds=spec.drain.quiet_seconds)))
                 case Undrain(name=name, drain_id=drain_id) if name in endpoints:
-                    await self.sidecars.undrain(endpoints[name], UndrainRequest(drain_id=drain_id))
+                    self.reported(name, await self.sidecars.undrain(endpoints[name], UndrainRequest(drain_id=drain_id)))
                 case Verify(name=name, uid=uid, reference=reference) if name in endpoints and (
                         reference is None or reference in endpoints):
                     await self.verify(spec, name, uid, endpoints[name],
@@ -247,11 +251,19 @@ class PoolReconciler:
         except Exception:
             log.exception("action %s on %s/%s failed", action, ns, self.name)
 
+    def reported(self, name: str, document: StateDocument | None) -> None:
+        """A drain call's answer is the sidecar's newest state: the next step must not act on an older one."""
+        if document is not None:
+            self.watch.offer(name, document)
+
     async def verify(self, spec: GenRMPoolSpec, name: str, uid: str, candidate: Endpoint,
                      reference: Endpoint | None) -> None:
         """Probe the new replica (and the reference) and record the verdict on the pod."""
-        mine = await self.sidecars.answers(candidate, spec.verification)
-        theirs = await self.sidecars.answers(reference, spec.verification) if reference else None
+        if reference is None:
+            mine, theirs = await self.sidecars.answers(candidate, spec.verification), None
+        else:
+            mine, theirs = await asyncio.gather(self.sidecars.answers(candidate, spec.verification),
+                                                self.sidecars.answers(reference, spec.verification))
         passed, message = compare(mine, theirs)
         if not passed:
             metrics.VERIFICATION_FAILURES.labels(self.namespace, self.name).inc()

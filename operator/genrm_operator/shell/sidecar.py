@@ -11,22 +11,29 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from genrm_contract.sidecar import DRAIN_PATH, STATE_PATH, UNDRAIN_PATH, DrainRequest, StateDocument, UndrainRequest
+from genrm_contract.sidecar import (
+    DRAIN_PATH,
+    STATE_PATH,
+    UNDRAIN_PATH,
+    VERSION_PARAM,
+    WAIT_PARAM,
+    DrainRequest,
+    StateDocument,
+    UndrainRequest,
+)
 from pydantic import ValidationError
 
 from ..api.spec import ProbeRequest, VerificationSpec
 from ..core.model import SidecarView
+from .pooling import PerAddressTransport
 
 log = logging.getLogger(__name__)
-STATE_TIMEOUT = httpx.Timeout(2.0, connect=1.0)
-LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=4096, keepalive_expiry=60.0)
-"""One kept-alive connection per replica, for all pools: httpx's default keeps 20 alive, so with many
-replicas every step reconnected to most sidecars. The gateway keeps idle connections 75 s."""
+STATE_SECONDS = 2.0
+STATE_TIMEOUT = httpx.Timeout(STATE_SECONDS, connect=1.0)
 DEFAULT_PROBES = (
     ProbeRequest(prompt="Rate the answer 'Paris' to the question 'What is the capital of France?' "
                         "from 1 to 10 and explain briefly.", max_new_tokens=32),
@@ -61,54 +68,64 @@ class Endpoint:
         return {"Authorization": f"Bearer {self.token}"}
 
 
-def parse_state(doc: Mapping[str, Any]) -> SidecarView | None:
-    """The core's view of a /v1/state document, or None when it is not one."""
+def parse_state(doc: Any) -> StateDocument | None:
+    """A /v1/state document, or None when it is not one (unknown, never drained)."""
     try:
-        state = StateDocument.model_validate(doc)
+        return StateDocument.model_validate(doc)
     except ValidationError:
         return None
-    return SidecarView(state=state.state, inflight=state.inflight, engine_healthy=state.engine.healthy)
+
+
+def view_of(document: StateDocument) -> SidecarView:
+    """The core's view of a sidecar's report."""
+    return SidecarView(state=document.state, inflight=document.inflight, engine_healthy=document.engine.healthy)
 
 
 class SidecarClient:
     """Async HTTP client shared by all pools of the operator."""
 
     def __init__(self) -> None:
-        self._http = httpx.AsyncClient(timeout=STATE_TIMEOUT, limits=LIMITS)
+        # Kept-alive connections per replica, for all pools: httpx's default pool keeps 20 alive (every
+        # step reconnected to most sidecars) and scans every connection it holds on each request.
+        self._http = httpx.AsyncClient(timeout=STATE_TIMEOUT, transport=PerAddressTransport())
 
     async def close(self) -> None:
         await self._http.aclose()
 
-    async def state(self, ep: Endpoint) -> SidecarView | None:
+    async def state(self, ep: Endpoint, version: int | None = None, wait_seconds: float = 0.0) -> StateDocument | None:
+        """The sidecar's state document; with ``version``, a long poll that answers once the state is no
+        longer that version (or after ``wait_seconds``). None on any failure."""
+        params = {VERSION_PARAM: version, WAIT_PARAM: wait_seconds} if version is not None else None
+        timeout = STATE_TIMEOUT if params is None else httpx.Timeout(wait_seconds + STATE_SECONDS, connect=1.0)
         try:
-            response = await self._http.get(f"{ep.control}{STATE_PATH}", headers=ep.headers)
+            response = await self._http.get(f"{ep.control}{STATE_PATH}", headers=ep.headers, params=params,
+                                            timeout=timeout)
             return parse_state(response.json()) if response.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             return None
 
-    async def states(self, endpoints: Mapping[str, Endpoint]) -> dict[str, SidecarView | None]:
-        names = list(endpoints)
-        views = await asyncio.gather(*(self.state(endpoints[n]) for n in names))
-        return dict(zip(names, views, strict=True))
-
-    async def drain(self, ep: Endpoint, request: DrainRequest) -> bool:
-        """POST /v1/drain; False (to be retried next step) on any failure."""
+    async def drain(self, ep: Endpoint, request: DrainRequest) -> StateDocument | None:
+        """POST /v1/drain: the state it led to, or None (to be retried next step) on any failure."""
         return await self._control(ep, DRAIN_PATH, request)
 
-    async def undrain(self, ep: Endpoint, request: UndrainRequest) -> bool:
-        """POST /v1/undrain; False (to be retried next step) on any failure."""
+    async def undrain(self, ep: Endpoint, request: UndrainRequest) -> StateDocument | None:
+        """POST /v1/undrain: the state it led to, or None (to be retried next step) on any failure."""
         return await self._control(ep, UNDRAIN_PATH, request)
 
-    async def _control(self, ep: Endpoint, path: str, request: DrainRequest | UndrainRequest) -> bool:
+    async def _control(self, ep: Endpoint, path: str, request: DrainRequest | UndrainRequest) -> StateDocument | None:
         try:
             response = await self._http.post(f"{ep.control}{path}", headers=ep.headers,
                                              json=request.model_dump(by_alias=True, exclude_none=True, mode="json"))
         except httpx.HTTPError as exc:
             log.info("sidecar %s %s failed: %s", ep.control, path, exc)
-            return False
+            return None
         if response.status_code != 200:
             log.info("sidecar %s %s -> %s %s", ep.control, path, response.status_code, response.text[:200])
-        return response.status_code == 200
+            return None
+        try:
+            return parse_state(response.json())
+        except ValueError:
+            return None
 
     async def answers(self, ep: Endpoint, spec: VerificationSpec) -> list[str]:
         """Probe answers of one replica, in probe order (raises on any failure).
@@ -116,20 +133,23 @@ class SidecarClient:
         A generative judge answers on ``/generate`` with text; a reward (sequence-classification)
         model, which SGLang serves on ``/classify`` only, answers with its score. The engine's
         ``/model_info`` says which. Each probe carries a request id of its own: SGLang refuses a
-        second request under an id still in flight, and verifications of several replicas overlap.
+        second request under an id still in flight, and the probes (and verifications of several
+        replicas) overlap.
         """
         timeout = float(spec.timeout_seconds)
         info = await self._http.get(f"{ep.traffic}/model_info", timeout=timeout)
         info.raise_for_status()
         generation = bool(info.json().get("is_generation", True))
-        out: list[str] = []
-        for probe in spec.requests or DEFAULT_PROBES:
+
+        async def ask(probe: ProbeRequest) -> str:
             path, payload = probe_request(probe, spec.sampling_seed, generation)
             response = await self._http.post(f"{ep.traffic}{path}", json=payload, timeout=timeout,
                                              headers={"X-Request-Id": f"genrm-verify-{uuid.uuid4().hex}"})
             response.raise_for_status()
-            out.append(probe_answer(response.json(), generation))
-        return out
+            return probe_answer(response.json(), generation)
+
+        # At once, as a batch of judge calls would come: the answers do not depend on each other.
+        return list(await asyncio.gather(*(ask(probe) for probe in spec.requests or DEFAULT_PROBES)))
 
 
 def probe_request(probe: ProbeRequest, sampling_seed: int, generation: bool) -> tuple[str, dict[str, Any]]:
