@@ -34,6 +34,7 @@ import datetime
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -465,7 +466,7 @@ def parse_sizes(text: str) -> list[tuple[int, int]]:
     return sizes
 
 
-def run(hollow: bool, sizes: list[tuple[int, int]], idle_s: float, rounds: int) -> list[Figures]:
+def run(hollow: bool, sizes: list[tuple[int, int]], idle_s: float, rounds: int, keep: Path | None) -> list[Figures]:
     most = max(p * (r + 1) for p, r in sizes)
     nodes, gpus = (1, most + 16) if hollow else (max(1, math.ceil((most + 2) / 8)), 8)
     with tempfile.TemporaryDirectory(dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as work_dir:
@@ -486,6 +487,12 @@ def run(hollow: bool, sizes: list[tuple[int, int]], idle_s: float, rounds: int) 
                     print(table([figures]).splitlines()[1], flush=True)
             finally:
                 bench.stop()
+                if keep is not None:
+                    keep.mkdir(parents=True, exist_ok=True)
+                    mode = "hollow" if hollow else "real"
+                    for log in (audit.path, bench.operator.log_path):
+                        if log.exists():
+                            shutil.copy(log, keep / f"{mode}-{log.name}")
     return results
 
 
@@ -497,13 +504,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--real", action="store_true", help="real simulator pods only")
     parser.add_argument("--idle-seconds", type=float, default=float(os.environ.get("IDLE_SECONDS", 30)))
     parser.add_argument("--rounds", type=int, default=int(os.environ.get("ROUNDS", 2)))
+    parser.add_argument("--keep", type=Path, help="copy the API server's audit log and the operator's log here")
     args = parser.parse_args(argv)
     os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
     modes = [True] if args.hollow else [False] if args.real else [False, True]
     results: list[Figures] = []
     for hollow in modes:
         sizes = parse_sizes(args.sizes or ("10x5,50x20" if hollow else "5x3,20x3"))
-        results += run(hollow, sorted(sizes, key=lambda s: s[0] * s[1]), args.idle_seconds, args.rounds)
+        results += run(hollow, sorted(sizes, key=lambda s: s[0] * s[1]), args.idle_seconds, args.rounds, args.keep)
     print()
     print(table(results))
     for line in growth(results):

@@ -532,6 +532,12 @@ class HollowNode:
         assert self.netns is not None
         address = self.network.next_address()
         ip("-n", self.netns.name, "addr", "add", f"{address}/32", "dev", "eth0")
+        # Reached through the node's own address rather than on the bridge: every address on the
+        # bridge takes an entry of the kernel's neighbour table, which all namespaces share (1,024 by
+        # default), and past it the newest pods were silently unreachable (the kernel logs "neighbor
+        # table overflow"). A route per pod costs no neighbour entry; the router's is for Services.
+        for netns, dev in self._route_places():
+            ip(*netns, "route", "replace", f"{address}/32", "via", self.netns.ip, "dev", dev)
         self._http.post(f"{self.admin_url}/replicas", json={"ip": address, **replica_timings(pod)}).raise_for_status()
         return address
 
@@ -550,6 +556,15 @@ class HollowNode:
         except httpx.HTTPError as err:
             log.info("hollow: forget %s: %s", address, err)
         ip("-n", self.netns.name, "addr", "del", f"{address}/32", "dev", "eth0", check=False)
+        for netns, _dev in self._route_places():
+            ip(*netns, "route", "del", f"{address}/32", check=False)
+
+    def _route_places(self) -> list[tuple[tuple[str, ...], str]]:
+        """Where a hollow pod's address is routed: the host (via the bridge) and the router namespace of
+        Services (via its eth0)."""
+        router = self.network.router
+        assert router is not None
+        return [((), self.network.bridge), (("-n", router.name), "eth0")]
 
     def _work(self, q: queue.Queue[Callable[[], None]]) -> None:
         while not self.stopping:

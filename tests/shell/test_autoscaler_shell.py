@@ -56,10 +56,11 @@ class FakeKube:
     async def get_pool(self, namespace: str, name: str) -> dict[str, Any]:
         return copy.deepcopy(self.pool)
 
-    async def write_status(self, pool: dict[str, Any], status: dict[str, Any]) -> str:
+    async def write_status(self, pool: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         self.status_writes += 1
         self.pool["status"] = status
-        return self.bump()
+        self.bump()
+        return copy.deepcopy(self.pool)
 
     async def scale(self, namespace: str, name: str, replicas: int, resource_version: str) -> None:
         """Optimistic like the API server: a stale resourceVersion is a Conflict."""
@@ -123,7 +124,8 @@ class Harness:
         http = httpx.AsyncClient(transport=httpx.MockTransport(
             lambda request: httpx.Response(200, text=exposition(self.inflight))))
         self.reconciler = PoolReconciler(self.kube, FakeSidecars(), self.post, NS, POOL,  # type: ignore[arg-type]
-                                         lambda: copy.deepcopy(self.kube.pods), list)
+                                         lambda: copy.deepcopy(self.kube.pods), list,
+                                         lambda: copy.deepcopy(self.kube.pool))
         self.reconciler.autoscaler = PoolAutoscaler(self.kube, NS, POOL, http)  # type: ignore[arg-type]
 
     async def post(self, pool: dict[str, Any], event: Event) -> None:
@@ -149,7 +151,7 @@ async def test_a_count_written_by_another_writer_between_status_and_scale_is_not
     h = Harness(pool(1), replicas=1, inflight=6)
     write_status = h.kube.write_status
 
-    async def then_someone_scales(pool_: dict[str, Any], status: dict[str, Any]) -> str:
+    async def then_someone_scales(pool_: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         ours = await write_status(pool_, status)
         h.kube.pool["spec"]["replicas"] = 5                       # e.g. kubectl scale, right after our PUT
         h.kube.bump()

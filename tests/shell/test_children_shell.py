@@ -59,9 +59,9 @@ class FakeKube:
     async def get_pool(self, namespace: str, name: str) -> Manifest:
         return copy.deepcopy(self.pool)
 
-    async def write_status(self, pool: Manifest, status: Manifest) -> str:
+    async def write_status(self, pool: Manifest, status: Manifest) -> Manifest:
         self.pool["status"] = status
-        return "2"
+        return copy.deepcopy(self.pool)
 
     async def create(self, manifest: Manifest) -> bool:
         kind = manifest["kind"]
@@ -96,7 +96,8 @@ class Harness:
         self.kube = FakeKube()
         self.events: list[Event] = []
         self.reconciler = PoolReconciler(self.kube, FakeSidecars(), self.post, NS, POOL,  # type: ignore[arg-type]
-                                         list, lambda: copy.deepcopy(self.kube.children))
+                                         list, lambda: copy.deepcopy(self.kube.children),
+                                         lambda: copy.deepcopy(self.kube.pool))
 
     async def post(self, pool: Manifest, event: Event) -> None:
         self.events.append(event)

@@ -100,7 +100,7 @@ async def pdbs_by_pool(namespace: str | None, labels: Mapping[str, str], body: k
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
 async def reconcile_pool(name: str, namespace: str | None, memo: kopf.Memo, stopped: kopf.DaemonStopped,
-                         **kwargs: Any) -> None:
+                         body: kopf.Body, **kwargs: Any) -> None:
     """The single writer of one pool."""
     ns = namespace or "default"
     def indexed(index_name: str) -> list[Manifest]:
@@ -110,8 +110,13 @@ async def reconcile_pool(name: str, namespace: str | None, memo: kopf.Memo, stop
     def children() -> list[Manifest]:
         return [*indexed("secrets_by_pool"), *indexed("services_by_pool"), *indexed("pdbs_by_pool")]
 
+    def watched() -> Manifest:
+        # A daemon's body is kopf's live view: each watch event swaps in the new object whole, so
+        # a shallow copy is one consistent version.
+        return dict(body)
+
     reconciler = PoolReconciler(memo.kube, memo.sidecars, post_event, ns, name,
-                                lambda: indexed("pods_by_pool"), children)
+                                lambda: indexed("pods_by_pool"), children, watched)
     RECONCILERS[(ns, name)] = reconciler
     try:
         await reconciler.run(lambda: bool(stopped))

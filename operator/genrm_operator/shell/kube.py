@@ -108,11 +108,11 @@ class Kube:
     async def get_pool(self, namespace: str, name: str) -> Manifest | None:
         return await self._request("GET", _path(POOLS, namespace, name), ok=(404,))
 
-    async def write_status(self, pool: Manifest, status: Manifest) -> str:
+    async def write_status(self, pool: Manifest, status: Manifest) -> Manifest:
         """Merge-patch what changed in the status, bound to the read resourceVersion (a concurrent
         change yields Conflict, as a PUT would).
 
-        Returns the new resourceVersion, so a write that must follow this one can be bound to it.
+        Returns the pool as written, whose resourceVersion a write that must follow this one is bound to.
         """
         meta = pool["metadata"]
         patch = {"metadata": {"resourceVersion": meta["resourceVersion"]},
@@ -124,7 +124,8 @@ class Kube:
             if exc.status == 409:
                 raise Conflict(meta["name"]) from exc
             raise
-        return str((written or {}).get("metadata", {}).get("resourceVersion", ""))
+        assert written is not None, "no status is accepted with a NotFound"
+        return written
 
     async def create(self, manifest: Manifest) -> bool:
         """Create a Pod, Secret, Service or PodDisruptionBudget; False when it already exists."""

@@ -1,7 +1,7 @@
 """The per-pool single writer: observe, decide (pure core), write status, act.
 
 One :class:`PoolReconciler` runs inside one kopf daemon per pool. Each step
-reads the pool fresh from the API server, its pods from the watch and the
+reads the pool and its pods as the watch shows them (`read_pool`) and the
 sidecars' latest drain states from their long polls (`sidecarwatch`), calls
 :func:`reconcile`, writes the status with optimistic concurrency and only then
 carries out the actions. A crash anywhere is safe:
@@ -12,6 +12,7 @@ repeats idempotent actions.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
@@ -73,6 +74,8 @@ PodSource = Callable[[], list[Manifest]]
 The index may lag the operator's own writes by an event; that is safe because pod
 names are deterministic (a repeated create is AlreadyExists) and every action is
 idempotent and bound to a pod UID."""
+PoolSource = Callable[[], Manifest | None]
+"""The pool as the watch last showed it (the kopf daemon's live body): no GET per step."""
 ChildSource = Callable[[], list[Manifest]]
 """The pool's Secret, Service and PodDisruptionBudget as the watches last showed them (kopf indexes)."""
 
@@ -81,9 +84,13 @@ class PoolReconciler:
     """Reconciles one pool until its daemon is stopped."""
 
     def __init__(self, kube: Kube, sidecars: SidecarClient, post_event: EventPoster,
-                 namespace: str, name: str, pods: PodSource, children: ChildSource) -> None:
+                 namespace: str, name: str, pods: PodSource, children: ChildSource, watched: PoolSource) -> None:
         self.kube, self.sidecars, self.post_event, self.pods = kube, sidecars, post_event, pods
-        self.children = children
+        self.children, self.watched = children, watched
+        self._written: Manifest | None = None
+        """The pool as this process's last status write left it (the API server's answer)."""
+        self._refresh = True
+        """Read the pool from the API server at the next step (at start, and after a Conflict)."""
         self._action_errors: dict[Action, str] = {}
         """The API server's refusals of the last step's actions, reported by the next step."""
         self.namespace, self.name = namespace, name
@@ -121,6 +128,7 @@ class PoolReconciler:
             return await self.step()
         except Conflict:
             result = "conflict"
+            self._refresh = True
             self.wake.set()
             return True
         except Exception:
@@ -134,7 +142,7 @@ class PoolReconciler:
 
     async def step(self) -> bool:
         """Observe, decide, write status, act. Returns True while work is in progress."""
-        pool = await self.kube.get_pool(self.namespace, self.name)
+        pool = await self.read_pool()
         if pool is None or pool["metadata"].get("deletionTimestamp"):
             return False
         meta = pool["metadata"]
@@ -157,7 +165,8 @@ class PoolReconciler:
         plan = reconcile(observed)
         version = str(meta.get("resourceVersion", ""))
         if plan.status != status:
-            version = await self.kube.write_status(pool, plan.status.to_wire())
+            self._written = await self.kube.write_status(pool, plan.status.to_wire())
+            version = str(self._written["metadata"]["resourceVersion"])
         self.autoscaler.committed(plan.decision)
         metrics.observe_finished(self.namespace, self.name,
                                  [h for h in plan.status.history if h not in status.history])
@@ -168,6 +177,26 @@ class PoolReconciler:
         self._action_errors = {}
         await asyncio.gather(*(self.carry_out(a, meta["uid"], spec, endpoints) for a in plan.actions))
         return plan.status.operation is not None or bool(plan.actions)
+
+    async def read_pool(self) -> Manifest | None:
+        """The newest copy of the pool: the watch's, or the answer to this process's own last status write
+        while the watch has not shown that write yet (deciding on an older status would only repeat
+        the last step and meet a Conflict). A GET at start, after a Conflict, and whenever the two
+        cannot be ordered by their resourceVersions (integers on every etcd-backed API server; the
+        API conventions call them opaque, so anything else falls back to reading).
+
+        Either copy may lag another writer's latest change by a watch event, as a GET may lag by a
+        round trip: the status write is bound to the copy's resourceVersion, so a decision on an old
+        spec is refused (Conflict) and made again on a fresh read."""
+        seen, written = self.watched(), self._written
+        if not self._refresh and seen is not None:
+            if written is None:
+                return seen
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                newer = int(written["metadata"]["resourceVersion"]) > int(seen["metadata"]["resourceVersion"])
+                return written if newer else seen
+        self._refresh = False
+        return await self.kube.get_pool(self.namespace, self.name)
 
     async def reconcile_children(self, pool_uid: str, spec: GenRMPoolSpec) -> list[str]:
         """Bring the Secret, Service and PDB to the spec, in order; returns the API server's refusals.
