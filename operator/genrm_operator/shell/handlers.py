@@ -122,12 +122,11 @@ async def reconcile_pool(name: str, namespace: str | None, memo: kopf.Memo, stop
         await reconciler.run(lambda: bool(stopped))
     finally:
         RECONCILERS.pop((ns, name), None)
-
-
-@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
-async def forget(name: str, namespace: str | None, **_: Any) -> None:
-    """Children go with owner references; only the pool's metric series need removing."""
-    metrics.forget_pool(namespace or "default", name)
+        # The daemon stops when its pool is deleted (children go with owner references) or the
+        # operator exits: either way the pool's series go. No on.delete handler for this: any
+        # create/update/delete handler makes kopf patch its last-handled configuration into the
+        # pool at every spec change, and each such patch made the step's status write a Conflict.
+        metrics.forget_pool(ns, name)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
