@@ -165,6 +165,22 @@ def test_a_scale_out_creates_exactly_the_shortfall_and_publishes_only_verified_r
     assert SetPublished("judge-1", "uid-1", True) in passed.actions
 
 
+def test_verification_starts_on_the_sidecars_report_and_publication_waits_for_ready() -> None:
+    """The probes overlap the wait for the readiness probe; only a Ready pod is published."""
+    spec = make_spec(2)
+    created = reconcile(observe(spec, [serving_pod("judge-0")]))
+    assert created.actions == (CreatePod("judge-1", 1),)
+    unready = PodView("judge-1", "uid-1", NOW, phase="Running", ready=False)
+    plan = reconcile(observe(spec, [serving_pod("judge-0"), unready], status=created.status, now=NOW + 1))
+    assert names(plan, Verify) == ["judge-1"] and not names(plan, SetPublished)
+    checked = PodView("judge-1", "uid-1", NOW, phase="Running", ready=False, verification="passed")
+    plan = reconcile(observe(spec, [serving_pod("judge-0"), checked], status=plan.status, now=NOW + 2))
+    assert not names(plan, Verify) and not names(plan, SetPublished)
+    ready = PodView("judge-1", "uid-1", NOW, phase="Running", ready=True, verification="passed")
+    plan = reconcile(observe(spec, [serving_pod("judge-0"), ready], status=plan.status, now=NOW + 3))
+    assert names(plan, SetPublished) == ["judge-1"]
+
+
 def test_a_replica_whose_engine_is_not_warm_is_neither_verified_nor_published() -> None:
     spec = make_spec(2)
     pod = PodView("judge-1", "uid-1", NOW, phase="Running", ready=True, verification="passed")

@@ -15,7 +15,8 @@ from genrm_operator.shell.reconciler import PoolReconciler
 
 
 def pool(version: str, replicas: int = 1) -> dict[str, Any]:
-    return {"metadata": {"name": "judge", "namespace": "ml", "resourceVersion": version}, "spec": {"replicas": replicas}}
+    return {"metadata": {"name": "judge", "namespace": "ml", "resourceVersion": version},
+            "spec": {"replicas": replicas}}
 
 
 class CountingKube:

@@ -297,12 +297,18 @@ class _Step:
         self.emit(f"{type_}Started", f"op-{self.op_count} {type_} {serving}->{self.desired}{detail}")
 
     def awaits_publication(self, r: Replica) -> bool:
-        """A starting replica whose engine is warm and that has not failed verification."""
+        """A starting replica whose engine is warm, that is ready and has not failed verification."""
+        return r.pod.ready and self.verifiable(r)
+
+    @staticmethod
+    def verifiable(r: Replica) -> bool:
+        """A starting replica whose sidecar reports a warm engine and that has not failed verification.
+
+        Verification starts on the sidecar's own report, not on the pod's Ready condition, which
+        only follows it at the next readiness probe: the probes then overlap that wait."""
         sidecar = r.sidecar
-        return (
-            r.pod.ready and sidecar is not None and sidecar.state == DrainState.SERVING
-            and sidecar.engine_healthy and r.pod.verification != "failed"
-        )
+        return (sidecar is not None and sidecar.state == DrainState.SERVING and sidecar.engine_healthy
+                and r.pod.verification != "failed")
 
     # ----- scale-out ---------------------------------------------------------------------------
 
@@ -390,15 +396,16 @@ class _Step:
         verifying = False
         victims = self.victim_names()
         for r in self.role(Role.STARTING):
-            if not self.awaits_publication(r) or r.pod.name in victims or revision not in (None, r.pod.revision):
+            if not self.verifiable(r) or r.pod.name in victims or revision not in (None, r.pod.revision):
                 continue
             pod = r.pod
-            verifying = True
-            if pod.verification == "passed" or not self.obs.spec.verification.enabled:
+            if pod.verification != "passed" and self.obs.spec.verification.enabled:
+                verifying = True
+                self.act(Verify(pod.name, pod.uid, reference.pod.name if reference else None))
+            elif pod.ready:
+                verifying = True
                 self.act(SetPublished(pod.name, pod.uid, True))
                 self.emit("ReplicaPublished", f"{pod.name} is serving")
-            else:
-                self.act(Verify(pod.name, pod.uid, reference.pod.name if reference else None))
         return verifying
 
     # ----- rollout -----------------------------------------------------------------------------
