@@ -4,15 +4,18 @@ Aspects under test: a replica's first report is awaited by the step that first s
 what the core decides on wakes the reconciler and shows in the next step, a change of load alone
 does not wake it; a failed poll makes the replica unknown (never drained) and is retried; a drain
 call's answer counts as a report and an older answer arriving later never replaces it; a replica
-that is gone (or moved to another address) stops being followed.
+that is gone (or moved to another address) stops being followed; a gateway without versions (older
+than the long poll) is polled once a second instead of in a tight loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 
+import pytest
 from genrm_contract.sidecar import DrainState, EngineReport, StateDocument
 from genrm_operator.core.model import SidecarView
+from genrm_operator.shell import sidecarwatch
 from genrm_operator.shell.sidecar import Endpoint
 from genrm_operator.shell.sidecarwatch import SidecarWatch
 
@@ -102,5 +105,23 @@ def test_gone_and_moved_replicas_stop_being_followed() -> None:
         await watch.close()
         await asyncio.sleep(0)
         assert all(t.done() for t in tasks)
+
+    asyncio.run(scenario())
+
+
+def test_a_gateway_without_versions_is_polled_not_hammered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An older gateway answers a long poll at once and without a version: asked again after a pause."""
+    monkeypatch.setattr(sidecarwatch, "POLL_SECONDS", 0.1)
+
+    async def scenario() -> None:
+        sidecars = ScriptedSidecars()
+        watch = SidecarWatch(sidecars, lambda: None)  # type: ignore[arg-type]
+        old = doc().model_copy(update={"boot_id": None, "version": None})
+        for _ in range(50):
+            sidecars.queue("10.0.0.1").put_nowait(old)
+        await watch.views({"p-0": endpoint("10.0.0.1")})
+        await asyncio.sleep(0.35)
+        assert 2 <= len(sidecars.asked) <= 5 and all(version is None for _, version in sidecars.asked)
+        await watch.close()
 
     asyncio.run(scenario())
