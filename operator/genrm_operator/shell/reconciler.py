@@ -87,9 +87,8 @@ class PoolReconciler:
                  namespace: str, name: str, pods: PodSource, children: ChildSource, watched: PoolSource) -> None:
         self.kube, self.sidecars, self.post_event, self.pods = kube, sidecars, post_event, pods
         self.children, self.watched = children, watched
-        self._latest: Manifest | None = None
-        """The newest copy of the pool the API server itself gave this process: the answer to its last
-        GET or to its last status write."""
+        self._written: Manifest | None = None
+        """The pool as this process's last status write left it (the API server's answer)."""
         self._refresh = True
         """Read the pool from the API server at the next step (at start, and after a Conflict)."""
         self._action_errors: dict[Action, str] = {}
@@ -166,8 +165,8 @@ class PoolReconciler:
         plan = reconcile(observed)
         version = str(meta.get("resourceVersion", ""))
         if plan.status != status:
-            self._latest = await self.kube.write_status(pool, plan.status.to_wire())
-            version = str(self._latest["metadata"]["resourceVersion"])
+            self._written = await self.kube.write_status(pool, plan.status.to_wire())
+            version = str(self._written["metadata"]["resourceVersion"])
         self.autoscaler.committed(plan.decision)
         metrics.observe_finished(self.namespace, self.name,
                                  [h for h in plan.status.history if h not in status.history])
@@ -180,25 +179,24 @@ class PoolReconciler:
         return plan.status.operation is not None or bool(plan.actions)
 
     async def read_pool(self) -> Manifest | None:
-        """The newest copy of the pool: the watch's, or the API server's last answer to this process (its
-        status write, or a GET) while the watch has not caught up with it (deciding on an older copy
-        would only repeat the last step and meet a Conflict). A GET at start, after a Conflict, and
-        whenever the two cannot be ordered by their resourceVersions (integers on every etcd-backed
-        API server; the API conventions call them opaque, so anything else falls back to reading).
+        """The newest copy of the pool: the watch's, or the answer to this process's own last status write
+        while the watch has not shown that write yet (deciding on an older status would only repeat
+        the last step and meet a Conflict). A GET at start, after a Conflict, and whenever the two
+        cannot be ordered by their resourceVersions (integers on every etcd-backed API server; the
+        API conventions call them opaque, so anything else falls back to reading).
 
         Either copy may lag another writer's latest change by a watch event, as a GET may lag by a
         round trip: the status write is bound to the copy's resourceVersion, so a decision on an old
         spec is refused (Conflict) and made again on a fresh read."""
-        seen, latest = self.watched(), self._latest
+        seen, written = self.watched(), self._written
         if not self._refresh and seen is not None:
-            if latest is None:
+            if written is None:
                 return seen
             with contextlib.suppress(KeyError, TypeError, ValueError):
-                newer = int(latest["metadata"]["resourceVersion"]) > int(seen["metadata"]["resourceVersion"])
-                return latest if newer else seen
+                newer = int(written["metadata"]["resourceVersion"]) > int(seen["metadata"]["resourceVersion"])
+                return written if newer else seen
         self._refresh = False
-        self._latest = await self.kube.get_pool(self.namespace, self.name)
-        return self._latest
+        return await self.kube.get_pool(self.namespace, self.name)
 
     async def reconcile_children(self, pool_uid: str, spec: GenRMPoolSpec) -> list[str]:
         """Bring the Secret, Service and PDB to the spec, in order; returns the API server's refusals.
