@@ -381,7 +381,17 @@ def test_a_victim_still_published_after_a_crash_is_unpublished_again_before_any_
     assert SetPublished("judge-1", "uid-judge-1", False) in plan.actions
     assert not [a for a in plan.actions if isinstance(a, Drain) and a.phase == "fence"]
     op = plan.status.operation
-    assert op is not None and op.phase == "Unpublishing" and op.victims[0].unpublished_at == stamp(NOW)
+    assert op is not None and op.phase == "Unpublishing" and op.victims[0].unpublished_at is None
+    # Seen unpublished one second later: the window (propagationSeconds 2) starts there, not before.
+    pods = [serving_pod("judge-0"), serving_pod("judge-1", published=False)]
+    sidecars = {"judge-0": serving_sidecar(), "judge-1": serving_sidecar(state="SoftDrain")}
+    seen = reconcile(observe(make_spec(1), pods, sidecars, plan.status, now=NOW + 1))
+    op = seen.status.operation
+    assert op is not None and op.victims[0].unpublished_at == stamp(NOW + 1)
+    early = reconcile(observe(make_spec(1), pods, sidecars, seen.status, now=NOW + 2.9))
+    assert not [a for a in early.actions if isinstance(a, Drain) and a.phase == "fence"]
+    due = reconcile(observe(make_spec(1), pods, sidecars, seen.status, now=NOW + 3))
+    assert Drain("judge-1", drain_id("uid-judge-1"), "fence") in due.actions
 
 
 def timed_out(on_timeout: str) -> Plan:
@@ -675,17 +685,26 @@ def test_replica_inflight_is_zero_when_the_sidecar_is_unknown() -> None:
 
 
 def test_the_propagation_window_is_whole_even_when_the_unpublish_came_late_in_a_second() -> None:
-    """Unpublished at x.9 s: the fence must not come before x.9 + propagationSeconds (a record in whole
-    seconds would have shortened the window by up to a second, letting the fence meet traffic
+    """Seen unpublished at x.9 s: the fence must not come before x.9 + propagationSeconds (a record in
+    whole seconds would have shortened the window by up to a second, letting the fence meet traffic
     that endpoint propagation was still sending)."""
     spec = make_spec(1)  # propagationSeconds 2
     victim = {"name": "judge-1", "uid": "uid-judge-1"}
-    pods = [serving_pod("judge-0"), serving_pod("judge-1")]
-    unpublished = reconcile(observe(spec, pods, None, scale_in([victim], phase="Unpublishing"), now=NOW + 0.9))
-    status = GenRMPoolStatus.model_validate(unpublished.status.to_wire())
     pods = [serving_pod("judge-0"), serving_pod("judge-1", published=False)]
     sidecars = {"judge-0": serving_sidecar(), "judge-1": serving_sidecar(state="SoftDrain")}
+    unpublished = reconcile(observe(spec, pods, sidecars, scale_in([victim], phase="Unpublishing"), now=NOW + 0.9))
+    status = GenRMPoolStatus.model_validate(unpublished.status.to_wire())
     early = reconcile(observe(spec, pods, sidecars, status, now=NOW + 2.5))
     assert not [a for a in early.actions if isinstance(a, Drain) and a.phase == "fence"]
     due = reconcile(observe(spec, pods, sidecars, status, now=NOW + 2.9))
     assert Drain("judge-1", drain_id("uid-judge-1"), "fence") in due.actions
+
+
+def test_a_drained_victim_counts_once_among_the_draining_replicas() -> None:
+    """A victim that drained is both a victim left and a Drained replica: one replica, counted once."""
+    victim = {"name": "judge-1", "uid": "uid-judge-1", "unpublishedAt": stamp(NOW - 20), "fencedAt": stamp(NOW - 10)}
+    pods = [serving_pod("judge-0"), serving_pod("judge-1", published=False)]
+    sidecars = {"judge-0": serving_sidecar(), "judge-1": serving_sidecar(state="Drained")}
+    plan = reconcile(observe(make_spec(1), pods, sidecars, scale_in([victim])))
+    assert DeletePod("judge-1", "uid-judge-1") in plan.actions
+    assert plan.status.draining_replicas == 1

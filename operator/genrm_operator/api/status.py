@@ -165,7 +165,7 @@ class Victim(ApiModel):
     needs_drain: bool = True
     """False for a replica that was never published (nothing can be in flight): deleted directly."""
     unpublished_at: Timestamp | None = None
-    """When it stopped receiving traffic (RFC 3339)."""
+    """When the pod was first seen unpublished (RFC 3339): the endpoint propagation window starts here."""
     fenced_at: Timestamp | None = None
     """When admission was closed (RFC 3339)."""
     drained_at: Timestamp | None = None

@@ -546,7 +546,9 @@ class _Step:
         chosen = choose_victims(candidates, serving + starting + draining - self.desired, self.revision)
         victims = [Victim(name=r.pod.name, uid=r.pod.uid, needs_drain=r.pod.ever_published) for r in chosen]
         self.emit("VictimsSelected", ", ".join(v.name for v in victims) or "none")
-        self.op = self.set_phase(op.evolve(victims=victims), Phase.UNPUBLISHING, f"{len(victims)} victim(s) selected")
+        # The message the next step keeps while it unpublishes: that step then has nothing to write
+        # before its actions (the victims' names are in the VictimsSelected event).
+        self.op = self.set_phase(op.evolve(victims=victims), Phase.UNPUBLISHING, f"{len(victims)} victim(s) left")
 
     def advance_victim(
         self, v: Victim, propagation: float, timeout: float, on_timeout: str
@@ -569,12 +571,17 @@ class _Step:
         did = drain_id(pod.uid)
         state = r.sidecar.state if r.sidecar is not None else None
         if pod.published or v.unpublished_at is None or self.now - v.unpublished_at.timestamp() < propagation:
-            if pod.published or v.unpublished_at is None:
-                # The propagation window counts from the last time the pod was seen published: an
-                # unpublish lost to an operator crash must not let the fence come before it.
-                v = v.evolve(unpublished_at=instant(self.now))
+            # The propagation window counts from the first step that sees the pod unpublished, which
+            # is after the label change reached the API server: counted from when the unpublish was
+            # sent, it would lose the patch's own latency, and an unpublish lost to an operator crash
+            # must not start it at all. While the pod is seen published nothing is recorded, so the
+            # unpublish goes out in the step right after the victims were written, with no write of
+            # its own.
             if pod.published:
+                v = v.evolve(unpublished_at=None)
                 self.act(SetPublished(pod.name, pod.uid, False))
+            elif v.unpublished_at is None:
+                v = v.evolve(unpublished_at=instant(self.now))
             if state in (None, DrainState.SERVING):
                 self.act(Drain(pod.name, did, "soft"))
             return v, Phase.UNPUBLISHING, ""
@@ -600,7 +607,8 @@ class _Step:
         live = [r for r in self.replicas if r.role is not Role.TERMINATING]
         victims_left = sum(1 for v in self.op.victims if v.name in self.by_name) if self.op and \
             self.op.type is not OperationType.SCALE_OUT else 0
-        drained = len(self.role(Role.DRAINED))
+        victims = self.victim_names()
+        drained = sum(1 for r in self.role(Role.DRAINED) if r.pod.name not in victims)  # victims are counted above
         conds = [
             self.available(serving),
             self.progressing(serving, starting, draining),

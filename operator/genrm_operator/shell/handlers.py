@@ -8,7 +8,7 @@ reconciles levels and a periodic resync catches anything a watch missed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 import kopf
@@ -27,13 +27,30 @@ CHILD_RESOURCES = [("", "v1", "pods"), ("", "v1", "services"), ("", "v1", "secre
 """(group, version, plural) of the children the operator watches."""
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No diff base: the operator has no create/update/delete handlers, the only ones that use it.
+
+    kopf builds the "essence" of every watched object at every event (a deep copy of the whole
+    body) to diff it against the stored one; profiled in a scale storm at 50 pools x 20 replicas,
+    that was a tenth of the operator's CPU, for diffs nothing read. Old and new essence are both
+    empty here, so kopf sees no change in any object and stores nothing on it."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return kopf.BodyEssence()
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Operator-wide settings and shared clients."""
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP,
-                                                                            key="last-handled-configuration")
+    settings.persistence.diffbase_storage = NoDiffBase()
     settings.posting.reporting_component = "genrm-operator"
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = 60

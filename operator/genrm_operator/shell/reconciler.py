@@ -4,9 +4,9 @@ One :class:`PoolReconciler` runs inside one kopf daemon per pool. Each step
 reads the pool and its pods as the watch shows them (`read_pool`) and the
 sidecars' latest drain states from their long polls (`sidecarwatch`), calls
 :func:`reconcile`, writes the status with optimistic concurrency and only then
-carries out the actions. A crash anywhere is safe:
-the next step (or the next operator process) recomputes from observations and
-repeats idempotent actions.
+carries out the actions (verification probes, which decide nothing, run beside the write).
+A crash anywhere is safe: the next step (or the next operator process) recomputes
+from observations and repeats idempotent actions.
 """
 
 from __future__ import annotations
@@ -91,6 +91,8 @@ class PoolReconciler:
         """The pool as this process's last status write left it (the API server's answer)."""
         self._refresh = True
         """Read the pool from the API server at the next step (at start, and after a Conflict)."""
+        self._rewritten = False
+        """The last step wrote the status and had nothing else to do."""
         self._action_errors: dict[Action, str] = {}
         """The API server's refusals of the last step's actions, reported by the next step."""
         self.namespace, self.name = namespace, name
@@ -105,11 +107,19 @@ class PoolReconciler:
         metrics.start_pool(self.namespace, self.name)
         metrics.ACTIVE_POOLS.inc()
         try:
+            again = False
             while not stopped():
                 # Cleared before the step: an event during it (the echo of this step's own status
                 # write or pod patch) runs the next step at once instead of after the resync.
                 self.wake.clear()
                 busy = await self.guarded_step()
+                # A step that only wrote the status (the victims of a scale-in, say) is followed at
+                # once by the step its write enables, on the write's answer, instead of after the
+                # watch's echo of that write. Once per wake: a status that changed at every step
+                # must not turn into a loop of writes.
+                again = not again and self._rewritten
+                if again:
+                    continue
                 try:
                     resync = ACTIVE_RESYNC_SECONDS if busy else IDLE_RESYNC_SECONDS
                     await asyncio.wait_for(self.wake.wait(), min(resync, self.autoscaler.seconds_until_due()))
@@ -124,6 +134,7 @@ class PoolReconciler:
         """One step with metrics; errors are logged and retried at the next resync."""
         started = time.monotonic()
         result = "success"
+        self._rewritten = False
         try:
             return await self.step()
         except Conflict:
@@ -164,9 +175,17 @@ class PoolReconciler:
         )
         plan = reconcile(observed)
         version = str(meta.get("resourceVersion", ""))
-        if plan.status != status:
-            self._written = await self.kube.write_status(pool, plan.status.to_wire())
-            version = str(self._written["metadata"]["resourceVersion"])
+        # Verification probes only look at replicas and record what they saw on the pod: they are
+        # observations, not decisions, so they run beside the status write instead of after it.
+        probes = [a for a in plan.actions if isinstance(a, Verify)]
+        probing = asyncio.gather(*(self.carry_out(a, meta["uid"], spec, endpoints) for a in probes))
+        try:
+            if plan.status != status:
+                self._written = await self.kube.write_status(pool, plan.status.to_wire())
+                version = str(self._written["metadata"]["resourceVersion"])
+                self._rewritten = not plan.actions
+        finally:
+            await probing  # never raises: carry_out logs failures
         self.autoscaler.committed(plan.decision)
         metrics.observe_finished(self.namespace, self.name,
                                  [h for h in plan.status.history if h not in status.history])
@@ -175,7 +194,8 @@ class PoolReconciler:
         for event in (*plan.events, *failures, *await self.autoscaler.actuate(plan.decision, version)):
             await self.emit(pool, event)
         self._action_errors = {}
-        await asyncio.gather(*(self.carry_out(a, meta["uid"], spec, endpoints) for a in plan.actions))
+        await asyncio.gather(*(self.carry_out(a, meta["uid"], spec, endpoints)
+                               for a in plan.actions if not isinstance(a, Verify)))
         return plan.status.operation is not None or bool(plan.actions)
 
     async def read_pool(self) -> Manifest | None:

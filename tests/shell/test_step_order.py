@@ -1,0 +1,118 @@
+"""When a ``PoolReconciler`` writes and when it acts, on a fake API server whose watch never catches up.
+
+Aspects under test: a step that only wrote the status (a scale-in's victims) is followed at once by
+the step that unpublishes, without waiting for the watch's echo of the write or the resync; that
+immediate step happens once per wake, so a status that changed at every step cannot loop;
+verification probes run beside the status write, not after it, while every other action still
+waits for the write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from typing import Any
+
+from genrm_operator.core import reconcile as core
+from genrm_operator.core.model import Event, Plan, SetPublished, Verify
+from genrm_operator.shell import reconciler as shell
+from genrm_operator.shell.reconciler import PoolReconciler
+from genrm_operator.shell.sidecarwatch import SidecarWatch
+
+from .test_autoscaler_shell import NS, POOL, FakeKube, FakeSidecars, pool, serving_pod
+
+
+class RecordingKube(FakeKube):
+    """Records the order of status writes and pod label patches."""
+
+    def __init__(self, manifest: dict[str, Any], pods: list[dict[str, Any]]) -> None:
+        super().__init__(manifest, pods)
+        self.calls: list[tuple[str, float]] = []
+
+    async def write_status(self, pool: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(("status", time.monotonic()))
+        return await super().write_status(pool, status)
+
+    async def patch_pod_meta(self, namespace: str, name: str, uid: str, labels: dict[str, str],
+                             annotations: dict[str, str]) -> None:
+        self.calls.append((f"patch {name} {labels}", time.monotonic()))
+
+
+def frozen_reconciler(kube: FakeKube) -> PoolReconciler:
+    """The watch shows the pool as it was at the start, for good, and the sidecars' reports wake no
+    step: only the reconciler itself and its resync can start one."""
+    first = copy.deepcopy(kube.pool)
+
+    async def post(_: Any, __: Event) -> None: ...
+    reconciler = PoolReconciler(kube, FakeSidecars(), post, NS, POOL,  # type: ignore[arg-type]
+                                lambda: copy.deepcopy(kube.pods), list, lambda: copy.deepcopy(first))
+    reconciler.watch = SidecarWatch(FakeSidecars(), lambda: None)  # type: ignore[arg-type]
+    return reconciler
+
+
+async def run_for(reconciler: PoolReconciler, seconds: float) -> None:
+    """Let the reconciler run for ``seconds``, then stop it."""
+    task = asyncio.create_task(reconciler.run(lambda: False))
+    await asyncio.wait({task}, timeout=seconds)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_scale_in_unpublishes_right_after_writing_its_victims() -> None:
+    kube = RecordingKube(pool(1, mode="Off"), [serving_pod(0), serving_pod(1)])
+    reconciler = frozen_reconciler(kube)
+
+    # Well within the active resync (the only other wake-up without a watch event).
+    await run_for(reconciler, shell.ACTIVE_RESYNC_SECONDS / 2)
+    unpublishes = [call for call, _ in kube.calls if call.startswith("patch") and "'false'" in call]
+    assert unpublishes, kube.calls
+    victims = kube.pool["status"]["operation"]["victims"]
+    assert len(victims) == 1 and kube.calls[0][0] == "status", "the victims are written before anything is done"
+    assert kube.status_writes == 1, "unpublishing writes nothing more: it is recorded once the watch shows it"
+
+
+async def test_a_status_that_changes_at_every_step_is_written_twice_per_wake_not_in_a_loop(monkeypatch: Any) -> None:
+    kube = RecordingKube(pool(1, mode="Off"), [serving_pod(0)])
+    reconciler = frozen_reconciler(kube)
+    real = core.reconcile
+
+    def restless(observed: Any) -> Plan:
+        plan = real(observed)
+        return Plan(status=plan.status.evolve(next_ordinal=plan.status.next_ordinal + 1), actions=(),
+                    events=plan.events, decision=plan.decision)
+
+    monkeypatch.setattr(shell, "reconcile", restless)
+    await run_for(reconciler, shell.ACTIVE_RESYNC_SECONDS / 2)
+    assert kube.status_writes == 2
+
+
+async def test_verification_probes_run_beside_the_status_write_and_other_actions_after_it(monkeypatch: Any) -> None:
+    kube = RecordingKube(pool(1, mode="Off"), [serving_pod(0)])
+    reconciler = frozen_reconciler(kube)
+    probing = asyncio.Event()
+    real = core.reconcile
+
+    def verify_and_publish(observed: Any) -> Plan:
+        plan = real(observed)
+        return Plan(status=plan.status.evolve(next_ordinal=plan.status.next_ordinal + 1),
+                    actions=(Verify(f"{POOL}-0", "uid-0", None), SetPublished(f"{POOL}-0", "uid-0", True)),
+                    events=(), decision=plan.decision)
+
+    async def verify(*_: Any) -> None:
+        probing.set()
+        kube.calls.append(("verify", time.monotonic()))
+
+    write_status = kube.write_status
+
+    async def write_once_probing(pool_: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.wait_for(probing.wait(), 2.0)  # times out if probes waited for this write
+        return await write_status(pool_, status)
+
+    monkeypatch.setattr(shell, "reconcile", verify_and_publish)
+    monkeypatch.setattr(reconciler, "verify", verify)
+    monkeypatch.setattr(kube, "write_status", write_once_probing)
+    reconciler.wake.clear()
+    await reconciler.step()
+    order = [call.split(" ")[0] for call, _ in kube.calls]
+    assert order == ["verify", "status", "patch"], kube.calls
