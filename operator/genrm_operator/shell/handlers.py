@@ -68,8 +68,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
 
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
-    """Close the shared HTTP client."""
+    """Close the shared HTTP clients."""
     await memo.sidecars.close()
+    await memo.kube.close()
 
 
 async def post_event(pool: Manifest, event: Event) -> None:
