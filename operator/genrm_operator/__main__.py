@@ -9,7 +9,7 @@ import logging
 import kopf
 from prometheus_client import start_http_server
 
-from .shell import handlers  # noqa: F401  (importing registers the kopf handlers)
+from .shell import collector, handlers  # noqa: F401  (importing handlers registers them with kopf)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> None:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_host)
+    collector.tune()
     asyncio.run(kopf.operator(
         standalone=True,
         clusterwide=not args.namespace,

@@ -78,12 +78,19 @@ async def post_event(pool: Manifest, event: Event) -> None:
     kopf.event(cast(kopf.Body, pool), type=event.type, reason=event.reason, message=event.message.replace("\n", " "))
 
 
+def _metadata(body: kopf.Body) -> Manifest:
+    """An object's metadata without ``managedFields``, which nothing here reads and which is most of
+    the metadata's objects: the indexes hold every pod of every pool, and Python's full garbage
+    collections walk all of them."""
+    return {key: value for key, value in (body.get("metadata") or {}).items() if key != "managedFields"}
+
+
 @kopf.index("", "v1", "pods", labels={POOL_LABEL: kopf.PRESENT})
 async def pods_by_pool(namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
                        **_: Any) -> dict[tuple[str, str], Manifest]:
     """The pods of each pool, kept current by the pod watch (metadata and status only)."""
     return {(namespace or "default", labels[POOL_LABEL]): {
-        "metadata": dict(body.get("metadata") or {}), "status": dict(body.get("status") or {}),
+        "metadata": _metadata(body), "status": dict(body.get("status") or {}),
     }}
 
 
@@ -91,7 +98,7 @@ def _child_entry(kind: str, namespace: str | None, labels: Mapping[str, str], bo
                  *fields: str) -> dict[tuple[str, str], Manifest]:
     """One pool-level child in its pool's index entry: metadata plus the fields the operator owns."""
     return {(namespace or "default", labels[POOL_LABEL]): {
-        "kind": kind, "metadata": dict(body.get("metadata") or {}), **{f: body.get(f) for f in fields},
+        "kind": kind, "metadata": _metadata(body), **{f: body.get(f) for f in fields},
     }}
 
 
