@@ -3,6 +3,13 @@ reward-model scores).
 
 An unreachable or confused sidecar yields ``None``: the core treats that as
 unknown, never as drained, so a network blip can never release a victim.
+
+One aiohttp session for every pool: its connector keeps the kept-alive connections of each
+address apart (found by key, not by walking them all) and opens as many as the long polls need.
+Why not httpx, which the gateway and its tests use: each httpx response is a reference cycle
+(the response and its stream point at each other) of about 40 objects that only the cyclic
+garbage collector frees; at one long poll per replica and 1,000 replicas that was a collection
+holding the event loop every few seconds.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 from genrm_contract.sidecar import (
     DRAIN_PATH,
     STATE_PATH,
@@ -29,11 +36,12 @@ from pydantic import ValidationError
 
 from ..api.spec import ProbeRequest, VerificationSpec
 from ..core.model import SidecarView
-from .pooling import PerAddressTransport
 
 log = logging.getLogger(__name__)
 STATE_SECONDS = 2.0
-STATE_TIMEOUT = httpx.Timeout(STATE_SECONDS, connect=1.0)
+CONNECT_SECONDS = 1.0
+KEEPALIVE_SECONDS = 60.0
+"""How long an idle connection to a sidecar is kept (the gateway keeps them 75 s)."""
 DEFAULT_PROBES = (
     ProbeRequest(prompt="Rate the answer 'Paris' to the question 'What is the capital of France?' "
                         "from 1 to 10 and explain briefly.", max_new_tokens=32),
@@ -85,23 +93,32 @@ class SidecarClient:
     """Async HTTP client shared by all pools of the operator."""
 
     def __init__(self) -> None:
-        # Kept-alive connections per replica, for all pools: httpx's default pool keeps 20 alive (every
-        # step reconnected to most sidecars) and scans every connection it holds on each request.
-        self._http = httpx.AsyncClient(timeout=STATE_TIMEOUT, transport=PerAddressTransport())
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def _http(self) -> aiohttp.ClientSession:
+        """The session, made on first use (aiohttp sessions belong to the running event loop)."""
+        if self._session is None:
+            # No limit: every replica's long poll holds a connection of its own.
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_SECONDS)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=timeout(STATE_SECONDS))
+        return self._session
 
     async def close(self) -> None:
-        await self._http.aclose()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     async def state(self, ep: Endpoint, version: int | None = None, wait_seconds: float = 0.0) -> StateDocument | None:
         """The sidecar's state document; with ``version``, a long poll that answers once the state is no
         longer that version (or after ``wait_seconds``). None on any failure."""
-        params = {VERSION_PARAM: version, WAIT_PARAM: wait_seconds} if version is not None else None
-        timeout = STATE_TIMEOUT if params is None else httpx.Timeout(wait_seconds + STATE_SECONDS, connect=1.0)
+        params = {VERSION_PARAM: str(version), WAIT_PARAM: str(wait_seconds)} if version is not None else None
+        seconds = STATE_SECONDS if params is None else wait_seconds + STATE_SECONDS
         try:
-            response = await self._http.get(f"{ep.control}{STATE_PATH}", headers=ep.headers, params=params,
-                                            timeout=timeout)
-            return parse_state(response.json()) if response.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
+            async with self._http.get(f"{ep.control}{STATE_PATH}", headers=ep.headers, params=params,
+                                      timeout=timeout(seconds)) as response:
+                return parse_state(await response.json(content_type=None)) if response.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError):
             return None
 
     async def drain(self, ep: Endpoint, request: DrainRequest) -> StateDocument | None:
@@ -113,17 +130,18 @@ class SidecarClient:
         return await self._control(ep, UNDRAIN_PATH, request)
 
     async def _control(self, ep: Endpoint, path: str, request: DrainRequest | UndrainRequest) -> StateDocument | None:
+        body = request.model_dump(by_alias=True, exclude_none=True, mode="json")
         try:
-            response = await self._http.post(f"{ep.control}{path}", headers=ep.headers,
-                                             json=request.model_dump(by_alias=True, exclude_none=True, mode="json"))
-        except httpx.HTTPError as exc:
-            log.info("sidecar %s %s failed: %s", ep.control, path, exc)
+            async with self._http.post(f"{ep.control}{path}", headers=ep.headers, json=body) as response:
+                status, text = response.status, await response.text(errors="replace")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.info("sidecar %s %s failed: %r", ep.control, path, exc)
             return None
-        if response.status_code != 200:
-            log.info("sidecar %s %s -> %s %s", ep.control, path, response.status_code, response.text[:200])
+        if status != 200:
+            log.info("sidecar %s %s -> %s %s", ep.control, path, status, text[:200])
             return None
         try:
-            return parse_state(response.json())
+            return parse_state(json.loads(text))
         except ValueError:
             return None
 
@@ -136,20 +154,23 @@ class SidecarClient:
         second request under an id still in flight, and the probes (and verifications of several
         replicas) overlap.
         """
-        timeout = float(spec.timeout_seconds)
-        info = await self._http.get(f"{ep.traffic}/model_info", timeout=timeout)
-        info.raise_for_status()
-        generation = bool(info.json().get("is_generation", True))
+        limit = timeout(float(spec.timeout_seconds))
+        async with self._http.get(f"{ep.traffic}/model_info", timeout=limit, raise_for_status=True) as info:
+            generation = bool((await info.json(content_type=None)).get("is_generation", True))
 
         async def ask(probe: ProbeRequest) -> str:
             path, payload = probe_request(probe, spec.sampling_seed, generation)
-            response = await self._http.post(f"{ep.traffic}{path}", json=payload, timeout=timeout,
-                                             headers={"X-Request-Id": f"genrm-verify-{uuid.uuid4().hex}"})
-            response.raise_for_status()
-            return probe_answer(response.json(), generation)
+            async with self._http.post(f"{ep.traffic}{path}", json=payload, timeout=limit, raise_for_status=True,
+                                       headers={"X-Request-Id": f"genrm-verify-{uuid.uuid4().hex}"}) as response:
+                return probe_answer(await response.json(content_type=None), generation)
 
         # At once, as a batch of judge calls would come: the answers do not depend on each other.
         return list(await asyncio.gather(*(ask(probe) for probe in spec.requests or DEFAULT_PROBES)))
+
+
+def timeout(seconds: float) -> aiohttp.ClientTimeout:
+    """A whole request within ``seconds``; a connection within a second (a sidecar is one hop away)."""
+    return aiohttp.ClientTimeout(total=seconds, sock_connect=CONNECT_SECONDS)
 
 
 def probe_request(probe: ProbeRequest, sampling_seed: int, generation: bool) -> tuple[str, dict[str, Any]]:

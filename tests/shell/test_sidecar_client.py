@@ -1,0 +1,112 @@
+"""``genrm_operator.shell.sidecar.SidecarClient`` against stand-in sidecars on two loopback addresses.
+
+Aspects under test: the state long poll sends the known version and the wait, with the pool's
+token, and gives up (``None``, unknown) when the answer is later than the wait allows; a drain's
+answer is the state it led to, and a refusal or a broken answer is ``None``; connections are kept
+alive per address (each address's requests arrive on one connection) and several addresses are
+served at once; no request leaves reference cycles behind for the garbage collector.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+from genrm_contract.sidecar import DrainRequest, DrainState, EngineReport, Phase, StateDocument
+from genrm_operator.shell.sidecar import STATE_SECONDS, Endpoint, SidecarClient
+
+STATE = StateDocument(state=DrainState.SERVING, drain_id=None, inflight=0, admitted_total=0, completed_total=0,
+                      refused_total=0, engine=EngineReport(up=True, healthy=True, running_requests=0,
+                                                           queued_requests=0, token_usage=0.0),
+                      idle_since_seconds=1.0, boot_id="b", version=3)
+
+
+class StandIn:
+    """One address's sidecar: records (peer port, path, query, token) and answers as told."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, str, dict[str, str], str | None]] = []
+        self.delay = 0.0
+        self.drain_status = 200
+        self.drain_body = STATE.model_dump_json(by_alias=True)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        peer = request.transport.get_extra_info("peername")[1] if request.transport else 0
+        self.seen.append((peer, request.path, dict(request.query), request.headers.get("Authorization")))
+        await asyncio.sleep(self.delay)
+        if request.path == "/v1/drain":
+            return web.Response(status=self.drain_status, text=self.drain_body, content_type="application/json")
+        return web.Response(text=STATE.model_dump_json(by_alias=True), content_type="application/json")
+
+
+@pytest.fixture
+async def sidecars() -> AsyncIterator[list[tuple[StandIn, Endpoint]]]:
+    runners, out = [], []
+    for host in ("127.0.0.1", "127.0.0.2"):
+        stand_in = StandIn()
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", stand_in.handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, host, 0).start()
+        runners.append(runner)
+        out.append((stand_in, Endpoint(host, 1, runner.addresses[0][1], "token")))
+    try:
+        yield out
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+
+
+async def test_the_long_poll_carries_version_wait_and_token_and_an_overdue_answer_is_unknown(
+        sidecars: list[tuple[StandIn, Endpoint]]) -> None:
+    (stand_in, ep), _ = sidecars
+    client = SidecarClient()
+    try:
+        assert await client.state(ep, 3, 0.5) == STATE
+        assert stand_in.seen[-1][1:] == ("/v1/state", {"version": "3", "waitSeconds": "0.5"}, "Bearer token")
+        assert await client.state(ep) == STATE and stand_in.seen[-1][2] == {}
+        stand_in.delay = STATE_SECONDS + 0.3
+        assert await client.state(ep, 3, 0.0) is None
+    finally:
+        await client.close()
+
+
+async def test_a_drain_answers_the_state_it_led_to_and_a_refusal_or_garbage_is_unknown(
+        sidecars: list[tuple[StandIn, Endpoint]]) -> None:
+    (stand_in, ep), _ = sidecars
+    client = SidecarClient()
+    request = DrainRequest(drain_id="d-1", phase=Phase.SOFT, quiet_seconds=1)
+    try:
+        assert await client.drain(ep, request) == STATE
+        stand_in.drain_status = 409
+        assert await client.drain(ep, request) is None
+        stand_in.drain_status, stand_in.drain_body = 200, "{not json"
+        assert await client.drain(ep, request) is None
+    finally:
+        await client.close()
+
+
+async def test_connections_are_kept_per_address_and_requests_leave_no_cycles(
+        sidecars: list[tuple[StandIn, Endpoint]]) -> None:
+    client = SidecarClient()
+    try:
+        for _ in range(2):  # warm: connections made, lazy imports done
+            await asyncio.gather(*(client.state(ep) for _, ep in sidecars))
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(20):
+                answers: list[Any] = await asyncio.gather(*(client.state(ep, 3, 0.0) for _, ep in sidecars))
+                assert answers == [STATE, STATE]
+            assert gc.collect() == 0, "a request left cyclic garbage"
+        finally:
+            gc.enable()
+        for stand_in, _ in sidecars:
+            assert len({peer for peer, *_ in stand_in.seen}) == 1, "one kept-alive connection per address"
+    finally:
+        await client.close()
