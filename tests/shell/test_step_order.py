@@ -3,8 +3,8 @@
 Aspects under test: a step that only wrote the status (a scale-in's victims) is followed at once by
 the step that unpublishes, without waiting for the watch's echo of the write or the resync; that
 immediate step happens once per wake, so a status that changed at every step cannot loop;
-verification probes run beside the status write, not after it, while every other action still
-waits for the write.
+verification probes run beside the status write, not after it; other actions wait for a write
+that records decisions and run beside one that only updates counts.
 """
 
 from __future__ import annotations
@@ -116,3 +116,33 @@ async def test_verification_probes_run_beside_the_status_write_and_other_actions
     await reconciler.step()
     order = [call.split(" ")[0] for call, _ in kube.calls]
     assert order == ["verify", "status", "patch"], kube.calls
+
+
+async def test_actions_run_beside_a_write_that_only_updates_counts(monkeypatch: Any) -> None:
+    kube = RecordingKube(pool(1, mode="Off"), [serving_pod(0)])
+    reconciler = frozen_reconciler(kube)
+    patched = asyncio.Event()
+    real = core.reconcile
+
+    def publish_and_count(observed: Any) -> Plan:
+        plan = real(observed)
+        return Plan(status=plan.status.evolve(ready_replicas=observed.status.ready_replicas + 1),
+                    actions=(SetPublished(f"{POOL}-0", "uid-0", True),), events=(), decision=plan.decision)
+
+    patch_pod_meta, write_status = kube.patch_pod_meta, kube.write_status
+
+    async def patch(*args: Any) -> None:
+        await patch_pod_meta(*args)
+        patched.set()
+
+    async def write_once_patched(pool_: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.wait_for(patched.wait(), 2.0)  # times out if the patch waited for this write
+        return await write_status(pool_, status)
+
+    monkeypatch.setattr(shell, "reconcile", publish_and_count)
+    await reconciler.step()  # the first step: the pool's status was empty, so its write recorded decisions
+    kube.calls.clear()
+    monkeypatch.setattr(kube, "patch_pod_meta", patch)
+    monkeypatch.setattr(kube, "write_status", write_once_patched)
+    await reconciler.step()
+    assert [call.split(" ")[0] for call, _ in kube.calls] == ["patch", "status"], kube.calls

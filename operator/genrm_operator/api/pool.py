@@ -109,3 +109,10 @@ class GenRMPoolStatus(ApiModel):
     """The last finished operations, newest last."""
     autoscaler: AutoscalerStatus | None = None
     """The built-in autoscaler's memory (recommendation history) and its last decisions."""
+
+    def decisions(self) -> tuple[object, ...]:
+        """What the operator decided, as opposed to what it counted: the operation (victims, creates,
+        phase), ordinals, history, revisions and the autoscaler's memory. Acting on a decision needs
+        it written first (a crash must find it); counts and conditions only report what was seen."""
+        return (self.operation, self.next_ordinal, self.operation_count, self.history, self.current_revision,
+                self.update_revision, self.autoscaler)

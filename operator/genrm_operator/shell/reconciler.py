@@ -175,17 +175,21 @@ class PoolReconciler:
         )
         plan = reconcile(observed)
         version = str(meta.get("resourceVersion", ""))
-        # Verification probes only look at replicas and record what they saw on the pod: they are
-        # observations, not decisions, so they run beside the status write instead of after it.
-        probes = [a for a in plan.actions if isinstance(a, Verify)]
-        probing = asyncio.gather(*(self.carry_out(a, meta["uid"], spec, endpoints) for a in probes))
+        # Actions wait for the status write only when it records new decisions (a crash between the
+        # two must find them). When the write only brings counts and conditions up to date they run
+        # beside it, as they run with no write at all when nothing changed. Verification probes never
+        # wait: they look at replicas and record what they saw on the pod, deciding nothing.
+        decided = plan.status.decisions() != status.decisions()
+        early = [a for a in plan.actions if isinstance(a, Verify) or not decided]
+        self._action_errors = {}  # the last step's went into this step's status; this step's follow
+        acting = asyncio.gather(*(self.carry_out(a, meta["uid"], spec, endpoints) for a in early))
         try:
             if plan.status != status:
                 self._written = await self.kube.write_status(pool, plan.status.to_wire())
                 version = str(self._written["metadata"]["resourceVersion"])
                 self._rewritten = not plan.actions
         finally:
-            await probing  # never raises: carry_out logs failures
+            await acting  # never raises: carry_out logs failures
         self.autoscaler.committed(plan.decision)
         metrics.observe_finished(self.namespace, self.name,
                                  [h for h in plan.status.history if h not in status.history])
@@ -193,9 +197,8 @@ class PoolReconciler:
         failures = tuple(Event("Warning", CHILD_FAILED, message) for message in child_errors)
         for event in (*plan.events, *failures, *await self.autoscaler.actuate(plan.decision, version)):
             await self.emit(pool, event)
-        self._action_errors = {}
         await asyncio.gather(*(self.carry_out(a, meta["uid"], spec, endpoints)
-                               for a in plan.actions if not isinstance(a, Verify)))
+                               for a in plan.actions if a not in early))
         return plan.status.operation is not None or bool(plan.actions)
 
     async def read_pool(self) -> Manifest | None:
