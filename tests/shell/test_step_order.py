@@ -4,7 +4,8 @@ Aspects under test: a step that only wrote the status (a scale-in's victims) is 
 the step that unpublishes, without waiting for the watch's echo of the write or the resync; that
 immediate step happens once per wake, so a status that changed at every step cannot loop;
 verification probes run beside the status write, not after it; other actions wait for a write
-that records decisions and run beside one that only updates counts.
+that records decisions and run beside one that only updates counts; an action the watch has not
+shown yet is not sent again.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from genrm_operator.core import reconcile as core
 from genrm_operator.core.model import Event, Plan, SetPublished, Verify
 from genrm_operator.shell import reconciler as shell
+from genrm_operator.shell.expectations import Expectations
 from genrm_operator.shell.reconciler import PoolReconciler
 from genrm_operator.shell.sidecarwatch import SidecarWatch
 
@@ -139,10 +141,22 @@ async def test_actions_run_beside_a_write_that_only_updates_counts(monkeypatch: 
         await asyncio.wait_for(patched.wait(), 2.0)  # times out if the patch waited for this write
         return await write_status(pool_, status)
 
-    monkeypatch.setattr(shell, "reconcile", publish_and_count)
     await reconciler.step()  # the first step: the pool's status was empty, so its write recorded decisions
+    monkeypatch.setattr(shell, "reconcile", publish_and_count)
     kube.calls.clear()
     monkeypatch.setattr(kube, "patch_pod_meta", patch)
     monkeypatch.setattr(kube, "write_status", write_once_patched)
     await reconciler.step()
     assert [call.split(" ")[0] for call, _ in kube.calls] == ["patch", "status"], kube.calls
+
+
+async def test_an_unpublish_the_watch_has_not_shown_yet_is_not_sent_again() -> None:
+    kube = RecordingKube(pool(1, mode="Off"), [serving_pod(0), serving_pod(1)])
+    reconciler = frozen_reconciler(kube)  # the pods stay published in the watch, for good
+    for _ in range(4):
+        await reconciler.step()
+    unpublishes = [call for call, _ in kube.calls if call.startswith("patch") and "'false'" in call]
+    assert len(unpublishes) == 1, kube.calls
+    reconciler.expected = Expectations(seconds=0.0)  # past the window: done again
+    await reconciler.step()
+    assert len([call for call, _ in kube.calls if call.startswith("patch") and "'false'" in call]) == 2

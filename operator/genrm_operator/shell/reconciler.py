@@ -55,6 +55,7 @@ from ..core.names import (
 from ..core.reconcile import reconcile
 from . import metrics
 from .autoscaler import PoolAutoscaler
+from .expectations import Expectations
 from .kube import Conflict, Kube, Manifest, api_message
 from .observe import pod_ip, pod_view
 from .sidecar import Endpoint, SidecarClient, compare
@@ -101,6 +102,7 @@ class PoolReconciler:
         self._token: str | None = None
         self.autoscaler = PoolAutoscaler(kube, namespace, name)
         self.watch = SidecarWatch(sidecars, self.wake.set)
+        self.expected = Expectations()
 
     async def run(self, stopped: Callable[[], bool]) -> None:
         """Step until stopped; woken early by pool and pod events."""
@@ -274,8 +276,11 @@ class PoolReconciler:
 
     async def carry_out(self, action: Action, pool_uid: str, spec: GenRMPoolSpec,
                         endpoints: dict[str, Endpoint]) -> None:
-        """Run one idempotent action; failures are logged and the next step retries."""
+        """Run one idempotent action unless it was just done (`expectations`); failures are logged
+        and the next step retries."""
         ns = self.namespace
+        if not self.expected.due(action, time.monotonic()):
+            return
         try:
             match action:
                 case CreatePod(name=name, ordinal=ordinal):
@@ -297,6 +302,8 @@ class PoolReconciler:
                                       endpoints.get(reference) if reference else None)
                 case _:
                     log.debug("skipped %s: no endpoint yet (retried next step)", action)
+                    return
+            self.expected.done(action, time.monotonic())
         except ApiException as exc:
             self._action_errors[action] = f"{_target(action)}: {api_message(exc)}"
             log.warning("action %s on %s/%s refused: %s", action, ns, self.name, api_message(exc))
