@@ -210,6 +210,16 @@ def _refuse(code: int, reason: str, message: str) -> Reply:
     return _json(code, {"error": {"code": code, "reason": reason, "message": message}}, {REASON_HEADER: reason})
 
 
+def long_poll(query: dict[str, list[str]]) -> tuple[int, float] | None:
+    """The (version, seconds) of a state long poll, or None when either is malformed or out of range:
+    the gateway's bounds (`genrm_gateway.control`), so the operator meets the same answers here."""
+    try:
+        version, seconds = int(query[VERSION_PARAM][0]), float(query.get(WAIT_PARAM, ["0"])[0])
+    except (KeyError, ValueError):
+        return None
+    return (version, seconds) if version >= 0 and 0 <= seconds <= MAX_WAIT_SECONDS else None
+
+
 def answer_text(prompt: str, seed: object) -> str:
     """The same for every replica given the prompt and the sampling seed (verification compares them)."""
     return "hollow-" + hashlib.sha256(f"{seed}|{prompt}".encode()).hexdigest()[:24]
@@ -243,8 +253,11 @@ class HollowServer:
         if (replica is not None and port == self.control_port and scope["path"] == STATE_PATH
                 and VERSION_PARAM in query and headers.get("authorization", "").startswith("Bearer ")):
             self.calls[f"control {scope['method']} {STATE_PATH}?wait"] += 1
-            wait = min(float(query.get(WAIT_PARAM, ["0"])[0]), MAX_WAIT_SECONDS)
-            code, payload, extra = _json(200, await replica.wait(int(query[VERSION_PARAM][0]), wait))
+            if (poll := long_poll(query)) is None:
+                code, payload, extra = _refuse(400, "badRequest", f"{VERSION_PARAM} must be an integer >= 0 and "
+                                               f"{WAIT_PARAM} a number of seconds from 0 to {MAX_WAIT_SECONDS}")
+            else:
+                code, payload, extra = _json(200, await replica.wait(*poll))
         else:
             code, payload, extra = self.handle(local, port, scope["method"], scope["path"], headers, body)
         out = [(b"content-type", b"application/json"), *((k.encode(), v.encode()) for k, v in extra.items())]
