@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import copy
 import time
+from collections.abc import Callable
 from typing import Any
 
+from genrm_operator.api.pool import GenRMPoolStatus
 from genrm_operator.core import reconcile as core
-from genrm_operator.core.model import Event, Plan, SetPublished, Verify
+from genrm_operator.core.model import Action, Event, Plan, SetPublished, Verify
 from genrm_operator.shell import reconciler as shell
 from genrm_operator.shell.expectations import Expectations
 from genrm_operator.shell.reconciler import PoolReconciler
@@ -74,17 +76,38 @@ async def test_a_scale_in_unpublishes_right_after_writing_its_victims() -> None:
     assert kube.status_writes == 1, "unpublishing writes nothing more: it is recorded once the watch shows it"
 
 
+def plan_with(monkeypatch: Any, change: Callable[[Any, GenRMPoolStatus], GenRMPoolStatus],
+              actions: tuple[Action, ...] = ()) -> None:
+    """Every step plans the core's status changed by ``change(observed, status)``, and ``actions``."""
+    real = core.reconcile
+
+    def planned(observed: Any) -> Plan:
+        plan = real(observed)
+        return Plan(status=change(observed, plan.status), actions=actions, events=(), decision=plan.decision)
+
+    monkeypatch.setattr(shell, "reconcile", planned)
+
+
+def write_after(monkeypatch: Any, kube: FakeKube, first: asyncio.Event) -> None:
+    """The status write waits for ``first``: a step that waits for the write before ``first`` times out."""
+    write_status = kube.write_status
+
+    async def write(pool_: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.wait_for(first.wait(), 2.0)
+        return await write_status(pool_, status)
+
+    monkeypatch.setattr(kube, "write_status", write)
+
+
+def new_ordinal(_: Any, status: GenRMPoolStatus) -> GenRMPoolStatus:
+    """A decision at every step."""
+    return status.evolve(next_ordinal=status.next_ordinal + 1)
+
+
 async def test_a_status_that_changes_at_every_step_is_written_twice_per_wake_not_in_a_loop(monkeypatch: Any) -> None:
     kube = RecordingKube(pool(1, mode="Off"), [serving_pod(0)])
     reconciler = frozen_reconciler(kube)
-    real = core.reconcile
-
-    def restless(observed: Any) -> Plan:
-        plan = real(observed)
-        return Plan(status=plan.status.evolve(next_ordinal=plan.status.next_ordinal + 1), actions=(),
-                    events=plan.events, decision=plan.decision)
-
-    monkeypatch.setattr(shell, "reconcile", restless)
+    plan_with(monkeypatch, new_ordinal)
     await run_for(reconciler, shell.ACTIVE_RESYNC_SECONDS / 2)
     assert kube.status_writes == 2
 
@@ -93,59 +116,36 @@ async def test_verification_probes_run_beside_the_status_write_and_other_actions
     kube = RecordingKube(pool(1, mode="Off"), [serving_pod(0)])
     reconciler = frozen_reconciler(kube)
     probing = asyncio.Event()
-    real = core.reconcile
-
-    def verify_and_publish(observed: Any) -> Plan:
-        plan = real(observed)
-        return Plan(status=plan.status.evolve(next_ordinal=plan.status.next_ordinal + 1),
-                    actions=(Verify(f"{POOL}-0", "uid-0", None), SetPublished(f"{POOL}-0", "uid-0", True)),
-                    events=(), decision=plan.decision)
 
     async def verify(*_: Any) -> None:
         probing.set()
         kube.calls.append(("verify", time.monotonic()))
 
-    write_status = kube.write_status
-
-    async def write_once_probing(pool_: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
-        await asyncio.wait_for(probing.wait(), 2.0)  # times out if probes waited for this write
-        return await write_status(pool_, status)
-
-    monkeypatch.setattr(shell, "reconcile", verify_and_publish)
+    plan_with(monkeypatch, new_ordinal, (Verify(f"{POOL}-0", "uid-0", None), SetPublished(f"{POOL}-0", "uid-0", True)))
     monkeypatch.setattr(reconciler, "verify", verify)
-    monkeypatch.setattr(kube, "write_status", write_once_probing)
-    reconciler.wake.clear()
+    write_after(monkeypatch, kube, probing)
     await reconciler.step()
-    order = [call.split(" ")[0] for call, _ in kube.calls]
-    assert order == ["verify", "status", "patch"], kube.calls
+    assert [call.split(" ")[0] for call, _ in kube.calls] == ["verify", "status", "patch"], kube.calls
 
 
 async def test_actions_run_beside_a_write_that_only_updates_counts(monkeypatch: Any) -> None:
     kube = RecordingKube(pool(1, mode="Off"), [serving_pod(0)])
     reconciler = frozen_reconciler(kube)
+    await reconciler.step()  # the first step: the pool's status was empty, so its write recorded decisions
+    kube.calls.clear()
     patched = asyncio.Event()
-    real = core.reconcile
-
-    def publish_and_count(observed: Any) -> Plan:
-        plan = real(observed)
-        return Plan(status=plan.status.evolve(ready_replicas=observed.status.ready_replicas + 1),
-                    actions=(SetPublished(f"{POOL}-0", "uid-0", True),), events=(), decision=plan.decision)
-
-    patch_pod_meta, write_status = kube.patch_pod_meta, kube.write_status
+    patch_pod_meta = kube.patch_pod_meta
 
     async def patch(*args: Any) -> None:
         await patch_pod_meta(*args)
         patched.set()
 
-    async def write_once_patched(pool_: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
-        await asyncio.wait_for(patched.wait(), 2.0)  # times out if the patch waited for this write
-        return await write_status(pool_, status)
+    def one_more_ready(observed: Any, status: GenRMPoolStatus) -> GenRMPoolStatus:
+        return status.evolve(ready_replicas=observed.status.ready_replicas + 1)
 
-    await reconciler.step()  # the first step: the pool's status was empty, so its write recorded decisions
-    monkeypatch.setattr(shell, "reconcile", publish_and_count)
-    kube.calls.clear()
+    plan_with(monkeypatch, one_more_ready, (SetPublished(f"{POOL}-0", "uid-0", True),))
     monkeypatch.setattr(kube, "patch_pod_meta", patch)
-    monkeypatch.setattr(kube, "write_status", write_once_patched)
+    write_after(monkeypatch, kube, patched)
     await reconciler.step()
     assert [call.split(" ")[0] for call, _ in kube.calls] == ["patch", "status"], kube.calls
 
