@@ -3,8 +3,9 @@
 One :class:`PoolReconciler` runs inside one kopf daemon per pool. Each step
 reads the pool and its pods as the watch shows them (`read_pool`) and the
 sidecars' latest drain states from their long polls (`sidecarwatch`), calls
-:func:`reconcile`, writes the status with optimistic concurrency and only then
-carries out the actions (verification probes, which decide nothing, run beside the write).
+:func:`reconcile`, writes the status with optimistic concurrency and, when that
+write records decisions, only then carries out the actions (otherwise they run
+beside it; verification probes, which decide nothing, always do).
 A crash anywhere is safe: the next step (or the next operator process) recomputes
 from observations and repeats idempotent actions.
 """
@@ -183,7 +184,7 @@ class PoolReconciler:
         # wait: they look at replicas and record what they saw on the pod, deciding nothing.
         decided = plan.status.decisions() != status.decisions()
         early = [a for a in plan.actions if isinstance(a, Verify) or not decided]
-        self._action_errors = {}  # the last step's went into this step's status; this step's follow
+        self._action_errors = {}  # the last step's refusals are in this status; this step's are collected anew
         acting = asyncio.gather(*(self.carry_out(a, meta["uid"], spec, endpoints) for a in early))
         try:
             if plan.status != status:
