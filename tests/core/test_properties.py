@@ -2,7 +2,8 @@
 
 Hypothesis generates a pool spec and a sequence of up to 30 steps, each with up to two
 disturbances (spec.replicas changes, requests arriving and finishing, crashes, pod
-failures, slow starts, GPU capacity changes, clock jumps, lost actions, index lag,
+failures, slow starts, GPU capacity changes, clock jumps, lost actions, refused status
+writes (the creates beside them done), index lag,
 unreachable sidecars, pods deleted by hand, replicas that answer differently). The world
 checks at every step, against ground truth:
 
@@ -47,8 +48,8 @@ def budget(max_examples: int) -> settings:
 
 KINDS = (
     "none", "none", "none", "scale", "scale", "scale", "arrive", "arrive", "arrive", "finish", "finish",
-    "crash", "fail", "slow", "perturb", "gpus", "tick", "tick", "lose", "lag", "lag", "unreachable",
-    "admin_delete",
+    "crash", "fail", "slow", "perturb", "gpus", "tick", "tick", "lose", "unwritten", "lag", "lag",
+    "unreachable", "admin_delete",
 )
 TICKS = (1, 2, 5, 30)
 
@@ -174,7 +175,7 @@ def test_busy_scale_ins_only_drop_requests_of_force_timed_out_victims(
         assert all(h.forced_drains == 0 for h in world.status.history)
 
 
-FAULT_KINDS = ("none", "scale", "crash", "fail", "slow", "gpus", "lose", "lag", "tick", "admin_delete")
+FAULT_KINDS = ("none", "scale", "crash", "fail", "slow", "gpus", "lose", "unwritten", "lag", "tick", "admin_delete")
 
 
 @budget(400)
@@ -187,7 +188,8 @@ def test_failures_and_short_capacity_are_repaired_once_the_world_heals(
 
 ROLLOUT_KINDS = (
     "none", "template", "template", "template", "pause", "scale", "scale", "arrive", "arrive", "finish",
-    "crash", "fail", "slow", "perturb", "gpus", "tick", "lose", "lag", "unreachable", "admin_delete",
+    "crash", "fail", "slow", "perturb", "gpus", "tick", "lose", "unwritten", "lag", "unreachable",
+    "admin_delete",
 )
 
 

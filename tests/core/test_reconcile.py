@@ -616,6 +616,26 @@ def test_pod_names_are_deterministic_and_next_ordinal_is_kept_in_status() -> Non
     assert ordinal_of(POOL, "judge-x") is None
 
 
+@pytest.mark.parametrize("then", [2, 1])
+def test_a_create_whose_status_write_was_refused_is_counted_or_repeated_under_its_name(then: int) -> None:
+    """Creates go out beside the status write that records them (``needs_record``). When that write
+    is refused, a step that does not see the pod yet decides the same name again, and a step that
+    sees it counts it: one pod for one missing replica, under the name it was first given, kept
+    or removed as the spec says by then."""
+    world = converged_world(1)
+    world.scale(2)
+    refused = world.step([Ev("unwritten")])
+    assert names(refused, CreatePod) == ["judge-1"] and "judge-1" in world.pods
+    assert world.status.next_ordinal == 1 and world.status.operation is None, "the write was refused"
+    world.scale(then)
+    blind = world.step([Ev("lag")])
+    assert names(blind, CreatePod) == (["judge-1"] if then == 2 else []), "the same name, or none"
+    run_until(world, world.converged)
+    assert sorted(world.pods) == ["judge-0", "judge-1"][:then]
+    assert world.names_ever == {"judge-0", "judge-1"}
+    assert world.status.next_ordinal == 2
+
+
 def test_next_ordinal_follows_pods_even_when_the_status_was_lost() -> None:
     spec = make_spec(3)
     plan = reconcile(observe(spec, [serving_pod("judge-4"), serving_pod("judge-7")]))

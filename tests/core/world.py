@@ -12,14 +12,16 @@ against *ground truth* rather than against the core's own view:
   sidecar becomes Drained only after in-flight stayed 0 for ``drain.quietSeconds``;
 - engine warm-up after scheduling (slow starts possible), a GPU capacity limit (pods
   beyond it stay Pending with the scheduler's Unschedulable message);
-- the shell's contract for every action: status written first, then actions; creates
+- the shell's contract for every action: a status that records new decisions written first,
+  then the actions that need its record (`needs_record`; creates and probes go beside it); creates
   idempotent by name (AlreadyExists), deletes bound to the pod UID and completed one step
   later (a short-grace delete of a never-served replica also to its resourceVersion, so it
   fails once the pod was published), drains bound to a drain id, undrain refused once drained, verification
   comparing the candidate's answers with the reference's (perturbed replicas differ);
 - disturbances chosen by the caller: requests arriving/finishing, crashes, pod failures,
   slow starts, capacity changes, clock jumps, lost actions (operator crash between the
-  status write and the actions), index lag (stale pod list for one step), unreachable
+  status write and the actions), unwritten status (a Conflict or crash refused the write while
+  the actions that go beside it were done), index lag (stale pod list for one step), unreachable
   sidecars, and an administrator deleting pods by hand.
 
 Every safety check raises :class:`Violation` at the moment the bad thing would happen,
@@ -47,6 +49,7 @@ from genrm_operator.core.model import (
     SidecarView,
     Undrain,
     Verify,
+    needs_record,
 )
 from genrm_operator.core.names import drain_id, pod_name
 from genrm_operator.core.reconcile import reconcile
@@ -137,7 +140,8 @@ class Ev:
     crash (pod a), fail (pod a), slow (pod a, or the next pod when none is starting),
     template (the pod template changes: engine env V=a), pause (spec.paused = a is odd),
     perturb (the next created pod answers differently), gpus (a = capacity), tick (a = seconds),
-    lose (this step's actions are lost), lag (this step sees last step's pod list),
+    lose (this step's actions are lost), unwritten (this step's status write is refused; the
+    actions that go beside it happen, those that wait for it do not), lag (this step sees last step's pod list),
     unreachable (pod a's sidecar does not answer this step), admin_delete (pod a), none.
     """
 
@@ -261,6 +265,8 @@ class World:
                 return float(ev.a)
             case "lose":
                 flags["lose"] = True
+            case "unwritten":
+                flags["unwritten"] = True
             case "lag":
                 flags["lag"] = True
             case "unreachable" if pod is not None:
@@ -321,7 +327,6 @@ class World:
     def observe(self, lag: bool, unreachable: Iterable[str]) -> Observed:
         views = tuple(p.view() for p in sorted(self.pods.values(), key=lambda p: p.ordinal))
         pods = self.last_views if lag and self.last_views is not None else views
-        self.names_seen.update(p.name for p in pods)
         self.last_views = views
         down = set(unreachable)
         sidecars = {p.name: (None if p.name in down else self.sidecar_view(p)) for p in self.pods.values()}
@@ -347,11 +352,21 @@ class World:
         before = self.live_count()
         surge = self.surge_allowance(plan)
         self.chosen_before = {v.name for v in self.status.operation.victims} if self.status.operation else set()
-        # The status is written first, through its wire form, exactly as the shell PUTs it.
-        self.status = GenRMPoolStatus.model_validate(plan.status.to_wire())
+        # The status is written first, through its wire form, exactly as the shell PUTs it; when the
+        # write is refused, the actions the shell holds back for a write that records decisions are
+        # never sent, and the others (sent beside the write) are done all the same.
+        held = plan.status.decisions() != self.status.decisions()
+        unwritten = bool(flags.get("unwritten"))
+        if not unwritten:
+            self.names_seen.update(p.name for p in obs.pods)
         self.check_status(plan)
+        if unwritten:
+            actions = [a for a in plan.actions if not (held and needs_record(a))]
+        else:
+            self.status = GenRMPoolStatus.model_validate(plan.status.to_wire())
+            actions = list(plan.actions)
         if not flags.get("lose"):
-            for action in plan.actions:
+            for action in actions:
                 self.carry_out(action, obs, plan)
         self.check_after(before, surge)
         return plan
@@ -420,6 +435,8 @@ class World:
         if name in self.names_seen:
             # A pod deleted by someone else before the core ever listed it is indistinguishable from
             # a lost create, so retrying that name is allowed; reusing a name the core saw is not.
+            # The status is the core's only memory: a pod counts as seen once a step that listed it
+            # had its status written (a refused write leaves the core as if it never looked).
             raise Violation(f"pod name {name} reused after its pod was seen and deleted")
         self.names_ever.add(name)
         self.uid_counter += 1
@@ -501,7 +518,9 @@ class World:
         status = plan.status
         if status.operation is not None and status.operation.phase in ("Succeeded", "Partial", "Failed"):
             raise Violation(f"a finished operation is still active: {status.operation}")
-        created = [p.ordinal for p in self.pods.values()]
+        # Ahead of every pod the core has seen (`create`); a create sent beside a refused write
+        # may exist unseen for a while, and then its name is the one decided again.
+        created = [p.ordinal for p in self.pods.values() if p.name in self.names_seen]
         if created and status.next_ordinal <= max(created):
             raise Violation(f"nextOrdinal {status.next_ordinal} would reuse ordinal {max(created)}")
         types = [c.type for c in status.conditions]

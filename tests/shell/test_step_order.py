@@ -3,8 +3,8 @@
 Aspects under test: a step that only wrote the status (a scale-in's victims) is followed at once by
 the step that unpublishes, without waiting for the watch's echo of the write or the resync; that
 immediate step happens once per wake, so a status that changed at every step cannot loop;
-verification probes run beside the status write, not after it; other actions wait for a write
-that records decisions and run beside one that only updates counts; an action the watch has not
+creates and verification probes run beside the status write, not after it; other actions wait
+for a write that records decisions and run beside one that only updates counts; an action the watch has not
 shown yet is not sent again.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 from genrm_operator.api.pool import GenRMPoolStatus
 from genrm_operator.core import reconcile as core
-from genrm_operator.core.model import Action, Event, Plan, SetPublished, Verify
+from genrm_operator.core.model import Action, CreatePod, Event, Plan, SetPublished, Verify
 from genrm_operator.shell import reconciler as shell
 from genrm_operator.shell.expectations import Expectations
 from genrm_operator.shell.reconciler import PoolReconciler
@@ -28,7 +28,7 @@ from .test_autoscaler_shell import NS, POOL, FakeKube, FakeSidecars, pool, servi
 
 
 class RecordingKube(FakeKube):
-    """Records the order of status writes and pod label patches."""
+    """Records the order of status writes, pod creates and pod label patches."""
 
     def __init__(self, manifest: dict[str, Any], pods: list[dict[str, Any]]) -> None:
         super().__init__(manifest, pods)
@@ -41,6 +41,11 @@ class RecordingKube(FakeKube):
     async def patch_pod_meta(self, namespace: str, name: str, uid: str, labels: dict[str, str],
                              annotations: dict[str, str]) -> None:
         self.calls.append((f"patch {name} {labels}", time.monotonic()))
+
+    async def create(self, manifest: dict[str, Any]) -> bool:
+        if manifest["kind"] == "Pod":  # the pool's Secret, Service and PDB are made before the step decides
+            self.calls.append((f"create {manifest['metadata']['name']}", time.monotonic()))
+        return True
 
 
 def frozen_reconciler(kube: FakeKube) -> PoolReconciler:
@@ -112,20 +117,29 @@ async def test_a_status_that_changes_at_every_step_is_written_twice_per_wake_not
     assert kube.status_writes == 2
 
 
-async def test_verification_probes_run_beside_the_status_write_and_other_actions_after_it(monkeypatch: Any) -> None:
+async def test_creates_and_verification_probes_run_beside_the_status_write_and_other_actions_after_it(
+        monkeypatch: Any) -> None:
     kube = RecordingKube(pool(1, mode="Off"), [serving_pod(0)])
     reconciler = frozen_reconciler(kube)
-    probing = asyncio.Event()
+    beside = asyncio.Event()
+    create = kube.create
 
     async def verify(*_: Any) -> None:
-        probing.set()
         kube.calls.append(("verify", time.monotonic()))
 
-    plan_with(monkeypatch, new_ordinal, (Verify(f"{POOL}-0", "uid-0", None), SetPublished(f"{POOL}-0", "uid-0", True)))
+    async def create_then_release(manifest: dict[str, Any]) -> bool:
+        await asyncio.sleep(0)  # the probe has been sent by now, if it was not held back
+        created = await create(manifest)
+        beside.set()
+        return created
+
+    plan_with(monkeypatch, new_ordinal, (Verify(f"{POOL}-0", "uid-0", None), CreatePod(f"{POOL}-1", 1),
+                                         SetPublished(f"{POOL}-0", "uid-0", True)))
     monkeypatch.setattr(reconciler, "verify", verify)
-    write_after(monkeypatch, kube, probing)
+    monkeypatch.setattr(kube, "create", create_then_release)
+    write_after(monkeypatch, kube, beside)
     await reconciler.step()
-    assert [call.split(" ")[0] for call, _ in kube.calls] == ["verify", "status", "patch"], kube.calls
+    assert [call.split(" ")[0] for call, _ in kube.calls] == ["verify", "create", "status", "patch"], kube.calls
 
 
 async def test_actions_run_beside_a_write_that_only_updates_counts(monkeypatch: Any) -> None:

@@ -140,6 +140,19 @@ class Undrain:
 Action = CreatePod | DeletePod | SetPublished | Verify | Drain | Undrain
 
 
+def needs_record(action: Action) -> bool:
+    """Whether ``action`` must wait until a status write that records new decisions has landed.
+
+    Touching a replica (unpublish, drain, delete, undrain, publish) acts on a decision a crash must
+    find: the victims are fixed in status before anything touches them. Two actions need no record:
+    a verification probe decides nothing, and a create's record is the pod itself. Its name carries
+    the ordinal, so a create whose status write was refused (a Conflict) or lost (a crash) is either
+    seen by the next step, counted as a starting replica with the next ordinal past it, or, while
+    the watch has not shown it, decided again under the same name and answered AlreadyExists.
+    Sending the create beside the write takes the write's round trip out of a scale-out's reaction."""
+    return not isinstance(action, CreatePod | Verify)
+
+
 @dataclass(frozen=True)
 class Event:
     """A Kubernetes Event to post on the pool."""
@@ -151,7 +164,8 @@ class Event:
 
 @dataclass(frozen=True)
 class Plan:
-    """The result of one reconcile step: write ``status`` first, then run ``actions``.
+    """The result of one reconcile step: write ``status`` first, then run ``actions`` (those that
+    `needs_record` after the write, the others beside it).
 
     ``decision`` is the autoscaler's, when one was due: after the status write the shell
     writes its count through the scale subresource when ``decision.apply`` says so."""

@@ -2,8 +2,10 @@
 
 The single writer (one kopf daemon per pool) calls :func:`reconcile` whenever
 something changed or a resync is due, writes the returned status first and
-only then carries out the actions. Every action is idempotent, so running a
-step twice, or crashing between the status write and the actions, is safe.
+only then carries out the actions that touch replicas (`model.needs_record`;
+creates and verification probes go beside the write). Every action is
+idempotent, so running a step twice, crashing between the status write and the
+actions, or a create whose status write was refused, is safe.
 
 Scale-out phases: Pending -> Provisioning -> Verifying -> Succeeded | Partial.
 Scale-in phases:  Pending -> Unpublishing -> Fencing -> Draining -> Removing

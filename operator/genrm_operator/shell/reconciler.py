@@ -4,8 +4,9 @@ One :class:`PoolReconciler` runs inside one kopf daemon per pool. Each step
 reads the pool and its pods as the watch shows them (`read_pool`) and the
 sidecars' latest drain states from their long polls (`sidecarwatch`), calls
 :func:`reconcile`, writes the status with optimistic concurrency and, when that
-write records decisions, only then carries out the actions (otherwise they run
-beside it; verification probes, which decide nothing, always do).
+write records decisions, only then carries out the actions that touch replicas
+(otherwise they run beside it, as creates and verification probes always do: see
+`core.model.needs_record`).
 A crash anywhere is safe: the next step (or the next operator process) recomputes
 from observations and repeats idempotent actions.
 """
@@ -46,6 +47,7 @@ from ..core.model import (
     SetPublished,
     Undrain,
     Verify,
+    needs_record,
 )
 from ..core.names import (
     EVER_PUBLISHED_ANNOTATION,
@@ -179,11 +181,11 @@ class PoolReconciler:
         plan = reconcile(observed)
         version = str(meta.get("resourceVersion", ""))
         # Actions wait for the status write only when it records new decisions (a crash between the
-        # two must find them). When the write only brings counts and conditions up to date they run
-        # beside it, as they run with no write at all when nothing changed. Verification probes never
-        # wait: they look at replicas and record what they saw on the pod, deciding nothing.
+        # two must find them), and then only those that touch a replica (`needs_record`: creates and
+        # verification probes never wait). When the write only brings counts and conditions up to
+        # date they all run beside it, as they run with no write at all when nothing changed.
         decided = plan.status.decisions() != status.decisions()
-        early = [a for a in plan.actions if isinstance(a, Verify) or not decided]
+        early = [a for a in plan.actions if not (decided and needs_record(a))]
         self._action_errors = {}  # the last step's refusals are in this status; this step's are collected anew
         acting = asyncio.gather(*(self.carry_out(a, meta["uid"], spec, endpoints) for a in early))
         try:
