@@ -206,6 +206,7 @@ async def test_an_external_write_is_adopted_not_fought() -> None:
     h = Harness(pool(2), replicas=2, inflight=2)                   # 4 in flight: 2 replicas is right
     await h.step()
     h.kube.pool["spec"]["replicas"] = 5                            # kubectl scale, an HPA, KEDA...
+    h.kube.bump()
     h.due()
     await h.step()
     assert h.kube.scaled == []                                     # the down window protects the external 5
@@ -240,6 +241,7 @@ async def test_mode_off_drops_the_autoscaler_conditions_and_forget_removes_the_s
     h = Harness(pool(1), replicas=1, inflight=2)
     await h.step()
     h.kube.pool["spec"]["autoscaling"]["mode"] = "Off"
+    h.kube.bump()
     await h.step()
     assert {c["type"] for c in h.status["conditions"]} == {"Available", "Progressing", "Degraded"}
     assert "autoscaler" in h.status                                # history kept for when it is turned on

@@ -60,8 +60,18 @@ class FakeKube:
     async def get_pool(self, namespace: str, name: str) -> Manifest:
         return copy.deepcopy(self.pool)
 
+    def changed(self) -> None:
+        """Every change of an object gets a new resourceVersion, as on the API server."""
+        meta = self.pool["metadata"]
+        meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
+
+    def edit_spec(self, **fields: Any) -> None:
+        self.pool["spec"].update(fields)
+        self.changed()
+
     async def write_status(self, pool: Manifest, status: Manifest) -> Manifest:
         self.pool["status"] = status
+        self.changed()
         return copy.deepcopy(self.pool)
 
     async def create(self, manifest: Manifest) -> bool:
@@ -123,7 +133,7 @@ async def test_missing_children_are_created_in_order_then_left_alone() -> None:
 async def test_an_edited_service_port_patches_the_existing_service() -> None:
     h = Harness()
     await h.step()
-    h.kube.pool["spec"]["service"] = {"port": 9000}
+    h.kube.edit_spec(service={"port": 9000})
     await h.step()
     assert ("patch", "Service", {"spec": {"ports": [
         {"name": "http", "port": 9000, "targetPort": "http", "protocol": "TCP"}]}}) in h.kube.writes
