@@ -215,3 +215,25 @@ def test_the_secret_and_the_disruption_budget_are_owned_by_the_pool() -> None:
     assert pdb["spec"] == {"maxUnavailable": 2, "selector": {"matchLabels": {POOL_LABEL: "judge"}}}
     for manifest in (secret, pdb):
         assert manifest["metadata"]["ownerReferences"][0]["controller"] is True
+
+
+def test_template_revision_is_remembered_per_spec_object_and_follows_every_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    computed: list[str] = []
+    compute = children._template_revision
+
+    def counting(pool: str, spec: GenRMPoolSpec) -> str:
+        computed.append(pool)
+        return compute(pool, spec)
+
+    monkeypatch.setattr(children, "_template_revision", counting)
+    monkeypatch.setattr(children, "_revisions", {})
+    spec = make_spec()
+    first = children.template_revision("judge", spec)
+    assert children.template_revision("judge", spec) == first and computed == ["judge"]
+    assert children.template_revision("other", spec) != first, "the pool's name is part of the pod"
+    assert children.template_revision("judge", make_spec()) == first, "an equal spec, computed anew"
+    edited = make_spec(engine={"image": "sglang:2", "env": [{"name": "V", "value": "1"}]})
+    assert children.template_revision("judge", edited) != first
+    for _ in range(children.REVISION_MEMO + 10):
+        children.template_revision("judge", make_spec())
+    assert len(children._revisions) == children.REVISION_MEMO

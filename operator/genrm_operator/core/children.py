@@ -102,6 +102,11 @@ def termination_grace_seconds(spec: GenRMPoolSpec) -> int:
     return drain.propagation_seconds + drain.timeout_seconds + SHUTDOWN_SLACK_SECONDS
 
 
+REVISION_MEMO = 256
+_revisions: dict[int, tuple[GenRMPoolSpec, str, str]] = {}
+"""Revisions already computed, by ``id(spec)``; each entry holds its spec, so the id stays that spec's."""
+
+
 def template_revision(pool: str, spec: GenRMPoolSpec) -> str:
     """A hash of everything that shapes a replica pod (StatefulSet's controller-revision-hash).
 
@@ -109,7 +114,22 @@ def template_revision(pool: str, spec: GenRMPoolSpec) -> str:
     (name, ordinal, published), so any spec field that reaches the pod changes it (images,
     resources, env, scheduling, the gateway's flags) and no other one does (replicas, the
     autoscaler, the Service, the update strategy).
+
+    Remembered per spec object: specs are immutable and the shell keeps one per pool version, so
+    every step on an unchanged pool would otherwise build and hash the same pod (a twentieth of
+    the operator's CPU in a scale storm).
     """
+    known = _revisions.get(id(spec))
+    if known is not None and known[0] is spec and known[1] == pool:
+        return known[2]
+    revision = _template_revision(pool, spec)
+    if len(_revisions) >= REVISION_MEMO:
+        del _revisions[next(iter(_revisions))]
+    _revisions[id(spec)] = (spec, pool, revision)
+    return revision
+
+
+def _template_revision(pool: str, spec: GenRMPoolSpec) -> str:
     pod = _replica_pod(pool, "", "", spec, pod_name(pool, 0), 0)
     labels = {k: v for k, v in pod["metadata"]["labels"].items() if k not in (ORDINAL_LABEL, PUBLISHED_LABEL)}
     shape = {"labels": labels, "annotations": pod["metadata"]["annotations"], "spec": pod["spec"]}
