@@ -217,7 +217,8 @@ def test_the_secret_and_the_disruption_budget_are_owned_by_the_pool() -> None:
         assert manifest["metadata"]["ownerReferences"][0]["controller"] is True
 
 
-def test_template_revision_is_remembered_per_spec_object_and_follows_every_change(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_template_revision_is_remembered_per_spec_object_and_follows_every_change(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     computed: list[str] = []
     compute = children._template_revision
 

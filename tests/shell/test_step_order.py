@@ -2,10 +2,11 @@
 
 Aspects under test: a step that only wrote the status (a scale-in's victims) is followed at once by
 the step that unpublishes, without waiting for the watch's echo of the write or the resync; that
-immediate step happens once per wake, so a status that changed at every step cannot loop;
-creates and verification probes run beside the status write, not after it; other actions wait
-for a write that records decisions and run beside one that only updates counts; an action the watch has not
-shown yet is not sent again.
+immediate step happens once per wake, so a status that changed at every step cannot loop; the
+watch showing the reconciler's own status write wakes nothing; creates and verification probes
+run beside the status write, not after it; other actions wait for a write that records decisions
+and run beside one that only updates counts; an action the watch has not shown yet is not sent
+again.
 """
 
 from __future__ import annotations
@@ -174,3 +175,18 @@ async def test_an_unpublish_the_watch_has_not_shown_yet_is_not_sent_again() -> N
     reconciler.expected = Expectations(seconds=0.0)  # past the window: done again
     await reconciler.step()
     assert len([call for call, _ in kube.calls if call.startswith("patch") and "'false'" in call]) == 2
+
+
+async def test_the_watch_showing_the_reconcilers_own_status_write_wakes_nothing() -> None:
+    kube = RecordingKube(pool(1, mode="Off"), [serving_pod(0)])
+    reconciler = frozen_reconciler(kube)
+    reconciler.pool_changed("1")
+    assert reconciler.wake.is_set(), "before any write of its own, every change wakes it"
+    await reconciler.step()
+    assert kube.status_writes == 1
+    reconciler.wake.clear()
+    reconciler.pool_changed(kube.pool["metadata"]["resourceVersion"])
+    assert not reconciler.wake.is_set(), "its own write coming back"
+    kube.bump()  # someone else's change: kubectl scale, say
+    reconciler.pool_changed(kube.pool["metadata"]["resourceVersion"])
+    assert reconciler.wake.is_set()

@@ -155,10 +155,10 @@ async def reconcile_pool(name: str, namespace: str | None, memo: kopf.Memo, stop
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-async def pool_changed(name: str, namespace: str | None, **_: Any) -> None:
-    """Wake the pool's reconciler on any change (e.g. kubectl scale)."""
+async def pool_changed(name: str, namespace: str | None, body: kopf.Body, **_: Any) -> None:
+    """Wake the pool's reconciler on any change (e.g. kubectl scale) but its own status writes."""
     if (reconciler := RECONCILERS.get((namespace or "default", name))) is not None:
-        reconciler.wake.set()
+        reconciler.pool_changed(str(body.get("metadata", {}).get("resourceVersion", "")))
 
 
 @kopf.on.event("", "v1", "pods", labels={POOL_LABEL: kopf.PRESENT})

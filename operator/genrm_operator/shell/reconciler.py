@@ -119,8 +119,8 @@ class PoolReconciler:
         try:
             again = False
             while not stopped():
-                # Cleared before the step: an event during it (the echo of this step's own status
-                # write or pod patch) runs the next step at once instead of after the resync.
+                # Cleared before the step: an event during it (the echo of this step's pod patch,
+                # another writer's change) runs the next step at once instead of after the resync.
                 self.wake.clear()
                 busy = await self.guarded_step()
                 # A step that only wrote the status (the victims of a scale-in, say) is followed at
@@ -139,6 +139,18 @@ class PoolReconciler:
             metrics.ACTIVE_POOLS.dec()
             await self.watch.close()
             await self.autoscaler.close()
+
+    def pool_changed(self, version: str) -> None:
+        """The watch shows the pool at ``version``: wake, unless that is this process's own last status
+        write coming back.
+
+        The step that made that write already decided on its answer (`read_pool`), and what it
+        set going wakes the reconciler by itself: pod events for creates and label patches, the
+        sidecars' long polls for drains, the resync for time passing. In a scale storm these
+        echoes were a third of all steps."""
+        written = self._written
+        if written is None or not version or written["metadata"].get("resourceVersion") != version:
+            self.wake.set()
 
     async def guarded_step(self) -> bool:
         """One step with metrics; errors are logged and retried at the next resync."""
