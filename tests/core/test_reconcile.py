@@ -23,6 +23,7 @@ Aspects under test:
 
 from __future__ import annotations
 
+import copy
 import re
 from itertools import pairwise
 from typing import Any
@@ -50,7 +51,7 @@ from genrm_operator.core.names import drain_id
 from genrm_operator.core.reconcile import NEVER_SERVED_GRACE_SECONDS, create_backoff, ordinal_of, reconcile
 from genrm_operator.core.victims import choose_victims
 
-from .world import POOL, START, Ev, World
+from .world import POOL, START, Ev, World, replace
 
 NOW = START + 1000.0
 CAMEL = re.compile(r"^[A-Z][A-Za-z0-9]*$")
@@ -634,6 +635,48 @@ def test_a_create_whose_status_write_was_refused_is_counted_or_repeated_under_it
     assert sorted(world.pods) == ["judge-0", "judge-1"][:then]
     assert world.names_ever == {"judge-0", "judge-1"}
     assert world.status.next_ordinal == 2
+
+
+def test_a_verified_replica_waiting_for_readiness_keeps_the_scale_out_verifying() -> None:
+    """Between its verification and its Ready condition a replica is past provisioning: the
+    operation does not fall back to Provisioning (two more status writes and events, and the
+    publish held behind the second one)."""
+    spec = make_spec(2)
+    op = Operation.model_validate({
+        "id": "op-4", "type": "ScaleOut", "from": 1, "to": 2, "phase": "Verifying",
+        "startedAt": stamp(NOW - 10), "lastTransitionTime": stamp(NOW - 5),
+        "addedPods": [{"name": "judge-1", "ordinal": 1, "observed": True}],
+    })
+    status = GenRMPoolStatus.model_validate({"nextOrdinal": 2, "operationCount": 4}).model_copy(
+        update={"operation": op})
+    waiting = serving_pod("judge-1", created_at=NOW - 8, published=False, ever_published=False, ready=False)
+    plan = reconcile(observe(spec, [serving_pod("judge-0"), waiting], status=status))
+    assert plan.status.operation is not None and plan.status.operation.phase == "Verifying"
+    assert not plan.actions and not [e for e in plan.events if e.reason.startswith("ScaleOut")]
+    ready = reconcile(observe(spec, [serving_pod("judge-0"), replace(waiting, ready=True)], status=plan.status))
+    assert names(ready, SetPublished) == ["judge-1"]
+    assert ready.status.decisions() == plan.status.decisions(), "publishing needs no new record"
+
+
+def test_a_publish_whose_status_write_was_refused_is_counted_as_serving() -> None:
+    """A publish goes out beside the status write of its step (``needs_record``). When that write is
+    refused, the next step sees the replica published and counts it: the operation succeeds,
+    nothing is published twice or taken down."""
+    world = converged_world(1)
+    world.scale(2)
+    for _ in range(50):
+        if names(copy.deepcopy(world).step(), SetPublished):  # what the next step will decide
+            break
+        world.step()
+    status = world.status
+    refused = world.step([Ev("unwritten")])
+    assert names(refused, SetPublished) == ["judge-1"] and world.pods["judge-1"].published
+    assert world.status is status, "the write was refused"
+    nxt = world.step()
+    assert not names(nxt, SetPublished) and nxt.status.serving_replicas == 2
+    run_until(world, world.converged)
+    assert [h.outcome for h in world.status.history][-1] == "Succeeded"
+    assert sorted(world.pods) == ["judge-0", "judge-1"]
 
 
 def test_next_ordinal_follows_pods_even_when_the_status_was_lost() -> None:

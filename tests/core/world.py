@@ -13,7 +13,8 @@ against *ground truth* rather than against the core's own view:
 - engine warm-up after scheduling (slow starts possible), a GPU capacity limit (pods
   beyond it stay Pending with the scheduler's Unschedulable message);
 - the shell's contract for every action: a status that records new decisions written first,
-  then the actions that need its record (`needs_record`; creates and probes go beside it); creates
+  then the actions that need its record (`needs_record`; creates, publishes and probes go beside
+  it); creates
   idempotent by name (AlreadyExists), deletes bound to the pod UID and completed one step
   later (a short-grace delete of a never-served replica also to its resourceVersion, so it
   fails once the pod was published), drains bound to a drain id, undrain refused once drained, verification

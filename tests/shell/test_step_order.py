@@ -3,7 +3,7 @@
 Aspects under test: a step that only wrote the status (a scale-in's victims) is followed at once by
 the step that unpublishes, without waiting for the watch's echo of the write or the resync; that
 immediate step happens once per wake, so a status that changed at every step cannot loop; the
-watch showing the reconciler's own status write wakes nothing; creates and verification probes
+watch showing the reconciler's own status write wakes nothing; creates, publishes and verification probes
 run beside the status write, not after it; other actions wait for a write that records decisions
 and run beside one that only updates counts; an action the watch has not shown yet is not sent
 again.
@@ -118,7 +118,7 @@ async def test_a_status_that_changes_at_every_step_is_written_twice_per_wake_not
     assert kube.status_writes == 2
 
 
-async def test_creates_and_verification_probes_run_beside_the_status_write_and_other_actions_after_it(
+async def test_creates_publishes_and_probes_run_beside_the_status_write_and_other_actions_after_it(
         monkeypatch: Any) -> None:
     kube = RecordingKube(pool(1, mode="Off"), [serving_pod(0)])
     reconciler = frozen_reconciler(kube)
@@ -135,12 +135,16 @@ async def test_creates_and_verification_probes_run_beside_the_status_write_and_o
         return created
 
     plan_with(monkeypatch, new_ordinal, (Verify(f"{POOL}-0", "uid-0", None), CreatePod(f"{POOL}-1", 1),
-                                         SetPublished(f"{POOL}-0", "uid-0", True)))
+                                         SetPublished(f"{POOL}-2", "uid-2", True),
+                                         SetPublished(f"{POOL}-0", "uid-0", False)))
     monkeypatch.setattr(reconciler, "verify", verify)
     monkeypatch.setattr(kube, "create", create_then_release)
     write_after(monkeypatch, kube, beside)
     await reconciler.step()
-    assert [call.split(" ")[0] for call, _ in kube.calls] == ["verify", "create", "status", "patch"], kube.calls
+    calls = [call for call, _ in kube.calls]
+    assert calls.index("status") == 3, calls
+    assert set(calls[:3]) == {"verify", f"create {POOL}-1", f"patch {POOL}-2 {{'genrm.io/published': 'true'}}"}
+    assert calls[4:] == [f"patch {POOL}-0 {{'genrm.io/published': 'false'}}"], "an unpublish waits for the record"
 
 
 async def test_actions_run_beside_a_write_that_only_updates_counts(monkeypatch: Any) -> None:
@@ -158,7 +162,7 @@ async def test_actions_run_beside_a_write_that_only_updates_counts(monkeypatch: 
     def one_more_ready(observed: Any, status: GenRMPoolStatus) -> GenRMPoolStatus:
         return status.evolve(ready_replicas=observed.status.ready_replicas + 1)
 
-    plan_with(monkeypatch, one_more_ready, (SetPublished(f"{POOL}-0", "uid-0", True),))
+    plan_with(monkeypatch, one_more_ready, (SetPublished(f"{POOL}-0", "uid-0", False),))
     monkeypatch.setattr(kube, "patch_pod_meta", patch)
     write_after(monkeypatch, kube, patched)
     await reconciler.step()

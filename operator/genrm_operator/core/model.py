@@ -143,14 +143,18 @@ Action = CreatePod | DeletePod | SetPublished | Verify | Drain | Undrain
 def needs_record(action: Action) -> bool:
     """Whether ``action`` must wait until a status write that records new decisions has landed.
 
-    Touching a replica (unpublish, drain, delete, undrain, publish) acts on a decision a crash must
-    find: the victims are fixed in status before anything touches them. Two actions need no record:
-    a verification probe decides nothing, and a create's record is the pod itself. Its name carries
-    the ordinal, so a create whose status write was refused (a Conflict) or lost (a crash) is either
-    seen by the next step, counted as a starting replica with the next ordinal past it, or, while
-    the watch has not shown it, decided again under the same name and answered AlreadyExists.
-    Sending the create beside the write takes the write's round trip out of a scale-out's reaction."""
-    return not isinstance(action, CreatePod | Verify)
+    Taking a replica away (unpublish, drain, delete) or back (undrain) acts on a decision a crash
+    must find: the victims are fixed in status before anything touches them. Three actions need no
+    record, because the pod itself is theirs. A create's name carries the ordinal, so a create whose
+    status write was refused (a Conflict) or lost (a crash) is either seen by the next step, counted
+    as a starting replica with the next ordinal past it, or, while the watch has not shown it,
+    decided again under the same name and answered AlreadyExists. A publish is decided from what the
+    pod shows (ready, verified, not a victim) and leaves its label and ever-published annotation on
+    it, so the next step counts it as serving whatever the status says. A verification probe decides
+    nothing. Sending these beside the write takes the write's round trip out of a scale-out's
+    reaction and out of the wait between a replica's readiness and its publication (the step that
+    publishes usually also moves the operation to Verifying, a decision)."""
+    return not (isinstance(action, CreatePod | Verify) or (isinstance(action, SetPublished) and action.published))
 
 
 @dataclass(frozen=True)

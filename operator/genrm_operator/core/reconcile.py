@@ -2,10 +2,11 @@
 
 The single writer (one kopf daemon per pool) calls :func:`reconcile` whenever
 something changed or a resync is due, writes the returned status first and
-only then carries out the actions that touch replicas (`model.needs_record`;
-creates and verification probes go beside the write). Every action is
-idempotent, so running a step twice, crashing between the status write and the
-actions, or a create whose status write was refused, is safe.
+only then carries out the actions that take replicas away or back
+(`model.needs_record`; creates, publishes and verification probes go beside the
+write). Every action is idempotent, so running a step twice, crashing between
+the status write and the actions, or a create or publish whose status write
+was refused, is safe.
 
 Scale-out phases: Pending -> Provisioning -> Verifying -> Succeeded | Partial.
 Scale-in phases:  Pending -> Unpublishing -> Fencing -> Draining -> Removing
@@ -392,7 +393,11 @@ class _Step:
     def publish_or_verify(self, revision: str | None = None) -> bool:
         """Publish warm, verified replicas (of ``revision`` only, when given); ask for verification of the others.
 
-        Returns True when some replica is past provisioning (being verified or published).
+        Returns True when some replica is past provisioning: being verified, verified and waiting
+        for its Ready condition (the kubelet's next readiness probe), or being published. Counting
+        the waiting one keeps the operation in Verifying; otherwise it fell back to Provisioning
+        between verification and readiness and returned to Verifying at publication, two status
+        writes more, the second one holding the publish back until it landed.
         """
         reference = min(self.role(Role.SERVING), key=lambda r: r.pod.created_at, default=None)
         verifying = False
@@ -401,11 +406,10 @@ class _Step:
             if not self.verifiable(r) or r.pod.name in victims or revision not in (None, r.pod.revision):
                 continue
             pod = r.pod
+            verifying = True
             if pod.verification != "passed" and self.obs.spec.verification.enabled:
-                verifying = True
                 self.act(Verify(pod.name, pod.uid, reference.pod.name if reference else None))
             elif pod.ready:
-                verifying = True
                 self.act(SetPublished(pod.name, pod.uid, True))
                 self.emit("ReplicaPublished", f"{pod.name} is serving")
         return verifying

@@ -4,9 +4,9 @@ One :class:`PoolReconciler` runs inside one kopf daemon per pool. Each step
 reads the pool and its pods as the watch shows them (`read_pool`) and the
 sidecars' latest drain states from their long polls (`sidecarwatch`), calls
 :func:`reconcile`, writes the status with optimistic concurrency and, when that
-write records decisions, only then carries out the actions that touch replicas
-(otherwise they run beside it, as creates and verification probes always do: see
-`core.model.needs_record`).
+write records decisions, only then carries out the actions that take replicas away
+or back (otherwise they run beside it, as creates, publishes and verification
+probes always do: see `core.model.needs_record`).
 A crash anywhere is safe: the next step (or the next operator process) recomputes
 from observations and repeats idempotent actions.
 """
@@ -197,9 +197,9 @@ class PoolReconciler:
         plan = reconcile(observed)
         version = str(meta.get("resourceVersion", ""))
         # Actions wait for the status write only when it records new decisions (a crash between the
-        # two must find them), and then only those that touch a replica (`needs_record`: creates and
-        # verification probes never wait). When the write only brings counts and conditions up to
-        # date they all run beside it, as they run with no write at all when nothing changed.
+        # two must find them), and then only those that take a replica away or back (`needs_record`:
+        # creates, publishes and verification probes never wait). When the write only brings counts
+        # and conditions up to date they all run beside it, as they run with no write at all.
         decided = plan.status.decisions() != status.decisions()
         early = [a for a in plan.actions if not (decided and needs_record(a))]
         self._action_errors = {}  # the last step's refusals are in this status; this step's are collected anew
