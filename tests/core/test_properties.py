@@ -48,7 +48,7 @@ def budget(max_examples: int) -> settings:
 
 KINDS = (
     "none", "none", "none", "scale", "scale", "scale", "arrive", "arrive", "arrive", "finish", "finish",
-    "crash", "fail", "slow", "perturb", "gpus", "tick", "tick", "lose", "unwritten", "lag", "lag",
+    "crash", "fail", "slow", "perturb", "gpus", "tick", "tick", "lose", "unwritten", "stale", "lag", "lag",
     "unreachable", "admin_delete",
 )
 TICKS = (1, 2, 5, 30)
@@ -175,7 +175,9 @@ def test_busy_scale_ins_only_drop_requests_of_force_timed_out_victims(
         assert all(h.forced_drains == 0 for h in world.status.history)
 
 
-FAULT_KINDS = ("none", "scale", "crash", "fail", "slow", "gpus", "lose", "unwritten", "lag", "tick", "admin_delete")
+FAULT_KINDS = (
+    "none", "scale", "crash", "fail", "slow", "gpus", "lose", "unwritten", "stale", "lag", "tick", "admin_delete",
+)
 
 
 @budget(400)
@@ -188,7 +190,7 @@ def test_failures_and_short_capacity_are_repaired_once_the_world_heals(
 
 ROLLOUT_KINDS = (
     "none", "template", "template", "template", "pause", "scale", "scale", "arrive", "arrive", "finish",
-    "crash", "fail", "slow", "perturb", "gpus", "tick", "lose", "unwritten", "lag", "unreachable",
+    "crash", "fail", "slow", "perturb", "gpus", "tick", "lose", "unwritten", "stale", "lag", "unreachable",
     "admin_delete",
 )
 

@@ -617,24 +617,20 @@ def test_pod_names_are_deterministic_and_next_ordinal_is_kept_in_status() -> Non
     assert ordinal_of(POOL, "judge-x") is None
 
 
-@pytest.mark.parametrize("then", [2, 1])
-def test_a_create_whose_status_write_was_refused_is_counted_or_repeated_under_its_name(then: int) -> None:
-    """Creates go out beside the status write that records them (``needs_record``). When that write
-    is refused, a step that does not see the pod yet decides the same name again, and a step that
-    sees it counts it: one pod for one missing replica, under the name it was first given, kept
-    or removed as the spec says by then."""
-    world = converged_world(1)
-    world.scale(2)
-    refused = world.step([Ev("unwritten")])
-    assert names(refused, CreatePod) == ["judge-1"] and "judge-1" in world.pods
-    assert world.status.next_ordinal == 1 and world.status.operation is None, "the write was refused"
-    world.scale(then)
-    blind = world.step([Ev("lag")])
-    assert names(blind, CreatePod) == (["judge-1"] if then == 2 else []), "the same name, or none"
+def test_a_create_decided_on_a_stale_spec_waits_for_its_record_and_is_cancelled_with_it() -> None:
+    """New creates wait for the status write that records them (``needs_record``). A step that
+    decides on a spec the watch has not caught up with (replicas 2 -> 6 -> 2) has its write
+    refused with a Conflict, and its creates are never sent: no GPU pod starts that the spec no
+    longer wants, and no ordinal is spent."""
+    world = converged_world(2)
+    blind = world.step([Ev("scale", 6), Ev("stale")])
+    assert not names(blind, CreatePod), "the step saw replicas 2"
+    stale = world.step([Ev("scale", 2), Ev("stale")])
+    assert names(stale, CreatePod) == ["judge-2", "judge-3", "judge-4", "judge-5"], "decided on replicas 6"
+    assert sorted(world.pods) == ["judge-0", "judge-1"] and world.status.next_ordinal == 2, "the write was refused"
+    assert not names(world.step(), CreatePod), "the next step sees replicas 2"
     run_until(world, world.converged)
-    assert sorted(world.pods) == ["judge-0", "judge-1"][:then]
     assert world.names_ever == {"judge-0", "judge-1"}
-    assert world.status.next_ordinal == 2
 
 
 def test_a_verified_replica_waiting_for_readiness_keeps_the_scale_out_verifying() -> None:

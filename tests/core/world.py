@@ -13,8 +13,8 @@ against *ground truth* rather than against the core's own view:
 - engine warm-up after scheduling (slow starts possible), a GPU capacity limit (pods
   beyond it stay Pending with the scheduler's Unschedulable message);
 - the shell's contract for every action: a status that records new decisions written first,
-  then the actions that need its record (`needs_record`; creates, publishes and probes go beside
-  it); creates
+  then the actions that need its record (`needs_record`; publishes, probes and retried creates go
+  beside it); creates
   idempotent by name (AlreadyExists), deletes bound to the pod UID and completed one step
   later (a short-grace delete of a never-served replica also to its resourceVersion, so it
   fails once the pod was published), drains bound to a drain id, undrain refused once drained, verification
@@ -22,7 +22,9 @@ against *ground truth* rather than against the core's own view:
 - disturbances chosen by the caller: requests arriving/finishing, crashes, pod failures,
   slow starts, capacity changes, clock jumps, lost actions (operator crash between the
   status write and the actions), unwritten status (a Conflict or crash refused the write while
-  the actions that go beside it were done), index lag (stale pod list for one step), unreachable
+  the actions that go beside it were done), a stale spec (the step decides on the spec as it was
+  before this step's edits, and its write meets a Conflict when they changed it), index lag
+  (stale pod list for one step), unreachable
   sidecars, and an administrator deleting pods by hand.
 
 Every safety check raises :class:`Violation` at the moment the bad thing would happen,
@@ -142,7 +144,9 @@ class Ev:
     template (the pod template changes: engine env V=a), pause (spec.paused = a is odd),
     perturb (the next created pod answers differently), gpus (a = capacity), tick (a = seconds),
     lose (this step's actions are lost), unwritten (this step's status write is refused; the
-    actions that go beside it happen, those that wait for it do not), lag (this step sees last step's pod list),
+    actions that go beside it happen, those that wait for it do not), stale (this step decides on
+    the spec before this step's edits; its write is refused when they changed it), lag (this step
+    sees last step's pod list),
     unreachable (pod a's sidecar does not answer this step), admin_delete (pod a), none.
     """
 
@@ -268,6 +272,8 @@ class World:
                 flags["lose"] = True
             case "unwritten":
                 flags["unwritten"] = True
+            case "stale":
+                flags["stale"] = True
             case "lag":
                 flags["lag"] = True
             case "unreachable" if pod is not None:
@@ -325,13 +331,16 @@ class World:
         sc = pod.sidecar
         return SidecarView(state=sc.state, inflight=sc.inflight, engine_healthy=pod.warm)
 
-    def observe(self, lag: bool, unreachable: Iterable[str]) -> Observed:
+    def observe(self, lag: bool, unreachable: Iterable[str], spec: tuple[GenRMPoolSpec, int] | None = None) -> Observed:
+        """What a step sees; ``spec`` (with its generation) stands in for the pool's when the
+        watch has not caught up with an edit."""
         views = tuple(p.view() for p in sorted(self.pods.values(), key=lambda p: p.ordinal))
         pods = self.last_views if lag and self.last_views is not None else views
         self.last_views = views
         down = set(unreachable)
         sidecars = {p.name: (None if p.name in down else self.sidecar_view(p)) for p in self.pods.values()}
-        return Observed(name=POOL, generation=self.generation, spec=self.spec, status=self.status,
+        seen, generation = spec or (self.spec, self.generation)
+        return Observed(name=POOL, generation=generation, spec=seen, status=self.status,
                         pods=pods, sidecars=sidecars, now=self.now)
 
     # ----- one step ----------------------------------------------------------------------------
@@ -341,12 +350,14 @@ class World:
         self.step_no += 1
         flags: dict[str, object] = {}
         extra = 0.0
+        before_edits = (self.spec, self.generation)
         for ev in events:
             extra += self.apply_event(ev, flags)
         self.now += dt + extra
         self.progress()
         self.lagged = bool(flags.get("lag"))
-        obs = self.observe(self.lagged, flags.get("unreachable", set()))  # type: ignore[arg-type]
+        stale = before_edits if flags.get("stale") else None
+        obs = self.observe(self.lagged, flags.get("unreachable", set()), stale)  # type: ignore[arg-type]
         plan = reconcile(obs)
         if self.keep_plans:
             self.plans.append(plan)
@@ -357,12 +368,12 @@ class World:
         # write is refused, the actions the shell holds back for a write that records decisions are
         # never sent, and the others (sent beside the write) are done all the same.
         held = plan.status.decisions() != self.status.decisions()
-        unwritten = bool(flags.get("unwritten"))
+        unwritten = bool(flags.get("unwritten")) or (stale is not None and stale[1] != self.generation)
         if not unwritten:
             self.names_seen.update(p.name for p in obs.pods)
         self.check_status(plan)
         if unwritten:
-            actions = [a for a in plan.actions if not (held and needs_record(a))]
+            actions = [a for a in plan.actions if not (held and needs_record(a, self.status))]
         else:
             self.status = GenRMPoolStatus.model_validate(plan.status.to_wire())
             actions = list(plan.actions)
@@ -519,9 +530,7 @@ class World:
         status = plan.status
         if status.operation is not None and status.operation.phase in ("Succeeded", "Partial", "Failed"):
             raise Violation(f"a finished operation is still active: {status.operation}")
-        # Ahead of every pod the core has seen (`create`); a create sent beside a refused write
-        # may exist unseen for a while, and then its name is the one decided again.
-        created = [p.ordinal for p in self.pods.values() if p.name in self.names_seen]
+        created = [p.ordinal for p in self.pods.values()]
         if created and status.next_ordinal <= max(created):
             raise Violation(f"nextOrdinal {status.next_ordinal} would reuse ordinal {max(created)}")
         types = [c.type for c in status.conditions]

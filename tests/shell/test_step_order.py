@@ -3,10 +3,10 @@
 Aspects under test: a step that only wrote the status (a scale-in's victims) is followed at once by
 the step that unpublishes, without waiting for the watch's echo of the write or the resync; that
 immediate step happens once per wake, so a status that changed at every step cannot loop; the
-watch showing the reconciler's own status write wakes nothing; creates, publishes and verification probes
-run beside the status write, not after it; other actions wait for a write that records decisions
-and run beside one that only updates counts; an action the watch has not shown yet is not sent
-again.
+watch showing the reconciler's own status write wakes nothing unless no step followed that write;
+publishes, verification probes and creates the status already records run beside the status write,
+not after it; other actions (new creates among them) wait for a write that records decisions and
+run beside one that only updates counts; an action the watch has not shown yet is not sent again.
 """
 
 from __future__ import annotations
@@ -118,9 +118,14 @@ async def test_a_status_that_changes_at_every_step_is_written_twice_per_wake_not
     assert kube.status_writes == 2
 
 
-async def test_creates_publishes_and_probes_run_beside_the_status_write_and_other_actions_after_it(
+async def test_publishes_probes_and_retried_creates_run_beside_the_status_write_and_other_actions_after_it(
         monkeypatch: Any) -> None:
-    kube = RecordingKube(pool(1, mode="Off"), [serving_pod(0)])
+    manifest = pool(1, mode="Off")
+    manifest["status"] = {"nextOrdinal": 2, "operationCount": 1, "operation": {
+        "id": "op-1", "type": "ScaleOut", "from": 1, "to": 3, "phase": "Provisioning",
+        "startedAt": "2026-12-01T00:00:00Z", "lastTransitionTime": "2026-12-01T00:00:00Z",
+        "addedPods": [{"name": f"{POOL}-1", "ordinal": 1}]}}
+    kube = RecordingKube(manifest, [serving_pod(0)])
     reconciler = frozen_reconciler(kube)
     beside = asyncio.Event()
     create = kube.create
@@ -136,7 +141,7 @@ async def test_creates_publishes_and_probes_run_beside_the_status_write_and_othe
 
     plan_with(monkeypatch, new_ordinal, (Verify(f"{POOL}-0", "uid-0", None), CreatePod(f"{POOL}-1", 1),
                                          SetPublished(f"{POOL}-2", "uid-2", True),
-                                         SetPublished(f"{POOL}-0", "uid-0", False)))
+                                         SetPublished(f"{POOL}-0", "uid-0", False), CreatePod(f"{POOL}-3", 3)))
     monkeypatch.setattr(reconciler, "verify", verify)
     monkeypatch.setattr(kube, "create", create_then_release)
     write_after(monkeypatch, kube, beside)
@@ -144,7 +149,8 @@ async def test_creates_publishes_and_probes_run_beside_the_status_write_and_othe
     calls = [call for call, _ in kube.calls]
     assert calls.index("status") == 3, calls
     assert set(calls[:3]) == {"verify", f"create {POOL}-1", f"patch {POOL}-2 {{'genrm.io/published': 'true'}}"}
-    assert calls[4:] == [f"patch {POOL}-0 {{'genrm.io/published': 'false'}}"], "an unpublish waits for the record"
+    assert set(calls[4:]) == {f"patch {POOL}-0 {{'genrm.io/published': 'false'}}", f"create {POOL}-3"}, \
+        "an unpublish and a create the status did not record yet wait for the record"
 
 
 async def test_actions_run_beside_a_write_that_only_updates_counts(monkeypatch: Any) -> None:
@@ -194,3 +200,32 @@ async def test_the_watch_showing_the_reconcilers_own_status_write_wakes_nothing(
     kube.bump()  # someone else's change: kubectl scale, say
     reconciler.pool_changed(kube.pool["metadata"]["resourceVersion"])
     assert reconciler.wake.is_set()
+
+
+async def test_the_echo_of_a_second_status_only_write_in_a_row_wakes_the_next_step(monkeypatch: Any) -> None:
+    """Two steps in a row that only wrote the status (an operation finished, the next one's victims
+    recorded): the second gets no immediate follow-up, and the watch showing its write wakes the
+    next step instead of the resync."""
+    kube = RecordingKube(pool(1, mode="Off"), [serving_pod(0)])
+    reconciler = frozen_reconciler(kube)
+    plan_with(monkeypatch, new_ordinal)
+    written = {2: asyncio.Event(), 3: asyncio.Event()}
+    write_status = kube.write_status
+
+    async def counted(pool_: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        answer = await write_status(pool_, status)
+        if kube.status_writes in written:
+            written[kube.status_writes].set()
+        return answer
+
+    monkeypatch.setattr(kube, "write_status", counted)
+    task = asyncio.create_task(reconciler.run(lambda: False))
+    try:
+        await asyncio.wait_for(written[2].wait(), shell.ACTIVE_RESYNC_SECONDS / 2)
+        await asyncio.sleep(0.05)
+        assert kube.status_writes == 2, "once per wake"
+        reconciler.pool_changed(kube.pool["metadata"]["resourceVersion"])  # the watch shows the second write
+        await asyncio.wait_for(written[3].wait(), shell.ACTIVE_RESYNC_SECONDS / 2)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -140,21 +140,28 @@ class Undrain:
 Action = CreatePod | DeletePod | SetPublished | Verify | Drain | Undrain
 
 
-def needs_record(action: Action) -> bool:
-    """Whether ``action`` must wait until a status write that records new decisions has landed.
+def needs_record(action: Action, before: GenRMPoolStatus) -> bool:
+    """Whether ``action`` must wait until a status write that records new decisions has landed
+    (``before`` is the status the step started from).
 
     Taking a replica away (unpublish, drain, delete) or back (undrain) acts on a decision a crash
-    must find: the victims are fixed in status before anything touches them. Three actions need no
-    record, because the pod itself is theirs. A create's name carries the ordinal, so a create whose
-    status write was refused (a Conflict) or lost (a crash) is either seen by the next step, counted
-    as a starting replica with the next ordinal past it, or, while the watch has not shown it,
-    decided again under the same name and answered AlreadyExists. A publish is decided from what the
-    pod shows (ready, verified, not a victim) and leaves its label and ever-published annotation on
-    it, so the next step counts it as serving whatever the status says. A verification probe decides
-    nothing. Sending these beside the write takes the write's round trip out of a scale-out's
-    reaction and out of the wait between a replica's readiness and its publication (the step that
-    publishes usually also moves the operation to Verifying, a decision)."""
-    return not (isinstance(action, CreatePod | Verify) or (isinstance(action, SetPublished) and action.published))
+    must find: the victims are fixed in status before anything touches them. A new create waits
+    too, for another reason: the write is bound to the pool's resourceVersion, so a create decided
+    on a spec the watch had not caught up with (replicas 2 -> 6 -> 2, or a template edit racing the
+    step) is cancelled by the write's Conflict instead of starting GPU pods the spec no longer
+    wants. A create already recorded (a retry of a name in the operation's added pods) was decided
+    by a write that landed, so it goes beside. Two actions never wait, because the pod itself is
+    theirs: a publish is decided from what the pod shows (ready, verified, not a victim) and leaves
+    its label and ever-published annotation on it, so the next step counts it as serving whatever
+    the status says (on a stale spec it publishes a replica the next step may remove: churn, never
+    a loss); a verification probe decides nothing. Sending these beside the write takes the write's
+    round trip out of the wait between a replica's readiness and its publication."""
+    match action:
+        case Verify() | SetPublished(published=True):
+            return False
+        case CreatePod(name=name):
+            return before.operation is None or all(a.name != name for a in before.operation.added_pods)
+    return True
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,11 @@
 
 The single writer (one kopf daemon per pool) calls :func:`reconcile` whenever
 something changed or a resync is due, writes the returned status first and
-only then carries out the actions that take replicas away or back
-(`model.needs_record`; creates, publishes and verification probes go beside the
-write). Every action is idempotent, so running a step twice, crashing between
-the status write and the actions, or a create or publish whose status write
-was refused, is safe.
+only then carries out the actions that take replicas away or back or create
+new ones (`model.needs_record`; publishes, verification probes and retried
+creates go beside the write). Every action is idempotent, so running a step
+twice, crashing between the status write and the actions, or a publish whose
+status write was refused, is safe.
 
 Scale-out phases: Pending -> Provisioning -> Verifying -> Succeeded | Partial.
 Scale-in phases:  Pending -> Unpublishing -> Fencing -> Draining -> Removing

@@ -5,8 +5,8 @@ reads the pool and its pods as the watch shows them (`read_pool`) and the
 sidecars' latest drain states from their long polls (`sidecarwatch`), calls
 :func:`reconcile`, writes the status with optimistic concurrency and, when that
 write records decisions, only then carries out the actions that take replicas away
-or back (otherwise they run beside it, as creates, publishes and verification
-probes always do: see `core.model.needs_record`).
+or back or create new ones (otherwise they run beside it, as publishes, verification
+probes and retried creates always do: see `core.model.needs_record`).
 A crash anywhere is safe: the next step (or the next operator process) recomputes
 from observations and repeats idempotent actions.
 """
@@ -98,6 +98,8 @@ class PoolReconciler:
         """Read the pool from the API server at the next step (at start, and after a Conflict)."""
         self._rewritten = False
         """The last step wrote the status and had nothing else to do."""
+        self._wake_on_echo = False
+        """The watch showing the last status write wakes the next step (see `run`)."""
         self._action_errors: dict[Action, str] = {}
         """The API server's refusals of the last step's actions, reported by the next step."""
         self.namespace, self.name = namespace, name
@@ -130,6 +132,8 @@ class PoolReconciler:
                 again = not again and self._rewritten
                 if again:
                     continue
+                if self._rewritten:
+                    self._await_echo()
                 try:
                     resync = ACTIVE_RESYNC_SECONDS if busy else IDLE_RESYNC_SECONDS
                     await asyncio.wait_for(self.wake.wait(), min(resync, self.autoscaler.seconds_until_due()))
@@ -147,16 +151,29 @@ class PoolReconciler:
         The step that made that write already decided on its answer (`read_pool`), and what it
         set going wakes the reconciler by itself: pod events for creates and label patches, the
         sidecars' long polls for drains, the resync for time passing. In a scale storm these
-        echoes were a third of all steps."""
+        echoes were a third of all steps. The exception is a write no step followed (`_await_echo`)."""
         written = self._written
-        if written is None or not version or written["metadata"].get("resourceVersion") != version:
+        if (written is None or not version or self._wake_on_echo
+                or written["metadata"].get("resourceVersion") != version):
+            self.wake.set()
+
+    def _await_echo(self) -> None:
+        """A second step in a row that only wrote the status (an operation finished, the next one's
+        victims recorded) gets no immediate follow-up: the watch's echo of its write wakes the next
+        step instead, so a status that changes at every step loops no faster than the watch, and a
+        real second decision waits for the echo, not for the resync. The echo may have come in
+        while the step ran; then the next step runs at once."""
+        self._wake_on_echo = True
+        seen, written = self.watched(), self._written
+        if seen is not None and written is not None and \
+                seen["metadata"].get("resourceVersion") == written["metadata"].get("resourceVersion"):
             self.wake.set()
 
     async def guarded_step(self) -> bool:
         """One step with metrics; errors are logged and retried at the next resync."""
         started = time.monotonic()
         result = "success"
-        self._rewritten = False
+        self._rewritten = self._wake_on_echo = False
         try:
             return await self.step()
         except Conflict:
@@ -197,11 +214,12 @@ class PoolReconciler:
         plan = reconcile(observed)
         version = str(meta.get("resourceVersion", ""))
         # Actions wait for the status write only when it records new decisions (a crash between the
-        # two must find them), and then only those that take a replica away or back (`needs_record`:
-        # creates, publishes and verification probes never wait). When the write only brings counts
+        # two must find them, and its Conflict cancels what a stale spec decided), and then only
+        # those that take a replica away or back or create a new one (`needs_record`: publishes,
+        # verification probes and retried creates never wait). When the write only brings counts
         # and conditions up to date they all run beside it, as they run with no write at all.
         decided = plan.status.decisions() != status.decisions()
-        early = [a for a in plan.actions if not (decided and needs_record(a))]
+        early = [a for a in plan.actions if not (decided and needs_record(a, status))]
         self._action_errors = {}  # the last step's refusals are in this status; this step's are collected anew
         acting = asyncio.gather(*(self.carry_out(a, meta["uid"], spec, endpoints) for a in early))
         try:
