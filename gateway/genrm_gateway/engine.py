@@ -70,9 +70,16 @@ def parse_v1_loads(payload: object) -> EngineLoad:
 UNHEALTHY_AFTER_TIMEOUTS = 3
 """Readiness polls in a row that may time out before the engine counts as hung (unready)."""
 
+DOWN_POLL_SECONDS = 0.1
+"""How often an unreachable engine is polled. Requests that found it down wait for it (up to the
+engine wait), and each poll interval is added to their wait once the restarted engine listens:
+with the usual one-second interval that was a fifth of a crashed simulator's whole restart, and a
+refused connection costs next to nothing to ask for ten times a second."""
+
 
 class EngineMonitor:
-    """Polls ``/ready`` and the load (``/metrics``, else ``/v1/loads``) every interval.
+    """Polls ``/ready`` and the load (``/metrics``, else ``/v1/loads``) every interval, and an
+    engine that does not answer at all every ``DOWN_POLL_SECONDS``.
 
     Why ``/ready`` and not ``/health``: SGLang's ``/health`` pushes a one-token generation through
     the scheduler and takes a second or more; polled every interval it would add load and, when
@@ -162,6 +169,6 @@ class EngineMonitor:
         while True:
             await self.poll()
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._interval):
+                async with asyncio.timeout(self._interval if self.up else min(self._interval, DOWN_POLL_SECONDS)):
                     await self._recheck.wait()
             self._recheck.clear()

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 from conftest import Stack, gateway_stack
-from genrm_testing import run_sim
+from genrm_testing import run_sim, wait_ready
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -186,3 +186,29 @@ def test_a_request_that_finds_the_engine_restarting_waits_for_it_instead_of_fail
 
         response = asyncio.run(scenario())
         assert response.status_code == 200
+
+
+def test_a_waiting_request_goes_on_as_soon_as_the_restarted_engine_answers() -> None:
+    """The poll interval is not added to an engine's restart: an unreachable engine is polled every
+    ``DOWN_POLL_SECONDS``, so with a 5 s interval the request still goes on within a second."""
+    with gateway_stack("--engine-wait-seconds", "20", "--engine-poll-seconds", "5",
+                       sim_args=("--sim-ttft-ms", "0")) as stack:
+        port = stack.sim.port
+        stack.sim.process.kill()
+        stack.sim.process.wait()
+        wait_ready(f"{stack.control}/healthz/ready", seconds=8, status=503)
+
+        async def scenario() -> tuple[httpx.Response, float]:
+            async with httpx.AsyncClient(timeout=30) as client:
+                waiting = asyncio.ensure_future(client.post(f"{stack.url}/generate", json={"text": "x"}))
+                await asyncio.sleep(0.5)
+                assert not waiting.done()
+                with run_sim("--random-seed", "3", "--port", str(port), ready_path=None):
+                    await asyncio.to_thread(wait_ready, f"http://127.0.0.1:{port}/ready")
+                    back = time.monotonic()
+                    response = await waiting
+                    return response, time.monotonic() - back
+
+        response, after = asyncio.run(scenario())
+        assert response.status_code == 200
+        assert after < 1.0, f"answered {after:.2f} s after the engine was back"
