@@ -46,6 +46,7 @@ from genrm_operator.core.model import (
     SidecarView,
     Undrain,
     Verify,
+    writes_first,
 )
 from genrm_operator.core.names import drain_id
 from genrm_operator.core.reconcile import NEVER_SERVED_GRACE_SECONDS, create_backoff, ordinal_of, reconcile
@@ -631,6 +632,23 @@ def test_a_create_decided_on_a_stale_spec_waits_for_its_record_and_is_cancelled_
     assert not names(world.step(), CreatePod), "the next step sees replicas 2"
     run_until(world, world.converged)
     assert world.names_ever == {"judge-0", "judge-1"}
+
+
+def test_a_retried_create_decided_on_a_stale_spec_is_cancelled_by_its_write() -> None:
+    """A retry is decided again, on the step's spec: a scale-out whose record landed but whose
+    creates were lost (a SIGKILL, a refused create), then replicas back to 2 while the next step
+    still sees 6, must not start the four pods. The step writes its unchanged status for the
+    Conflict (``writes_first``), and the retried creates wait for it."""
+    world = converged_world(2)
+    lost = world.step([Ev("scale", 6), Ev("lose")])
+    assert names(lost, CreatePod) == ["judge-2", "judge-3", "judge-4", "judge-5"]
+    assert sorted(world.pods) == ["judge-0", "judge-1"] and world.status.next_ordinal == 6, "recorded, not created"
+    stale = world.step([Ev("scale", 2), Ev("stale")])
+    assert names(stale, CreatePod) == ["judge-2", "judge-3", "judge-4", "judge-5"], "retried on replicas 6"
+    assert writes_first(world.status, stale.status, stale.actions), "a due create writes even an unchanged status"
+    assert sorted(world.pods) == ["judge-0", "judge-1"], "the write was refused and the retries with it"
+    run_until(world, world.converged)
+    assert sorted(world.pods) == ["judge-0", "judge-1"]
 
 
 def test_a_verified_replica_waiting_for_readiness_keeps_the_scale_out_verifying() -> None:

@@ -12,9 +12,9 @@ against *ground truth* rather than against the core's own view:
   sidecar becomes Drained only after in-flight stayed 0 for ``drain.quietSeconds``;
 - engine warm-up after scheduling (slow starts possible), a GPU capacity limit (pods
   beyond it stay Pending with the scheduler's Unschedulable message);
-- the shell's contract for every action: a status that records new decisions written first,
-  then the actions that need its record (`needs_record`; publishes, probes and retried creates go
-  beside it); creates
+- the shell's contract for every action: the status written first when it records new
+  decisions or a create is due (`writes_first`: then even unchanged, for its Conflict), then the
+  actions that need its record (`needs_record`; publishes and probes go beside it); creates
   idempotent by name (AlreadyExists), deletes bound to the pod UID and completed one step
   later (a short-grace delete of a never-served replica also to its resourceVersion, so it
   fails once the pod was published), drains bound to a drain id, undrain refused once drained, verification
@@ -53,6 +53,7 @@ from genrm_operator.core.model import (
     Undrain,
     Verify,
     needs_record,
+    writes_first,
 )
 from genrm_operator.core.names import drain_id, pod_name
 from genrm_operator.core.reconcile import reconcile
@@ -364,16 +365,19 @@ class World:
         before = self.live_count()
         surge = self.surge_allowance(plan)
         self.chosen_before = {v.name for v in self.status.operation.victims} if self.status.operation else set()
-        # The status is written first, through its wire form, exactly as the shell PUTs it; when the
-        # write is refused, the actions the shell holds back for a write that records decisions are
-        # never sent, and the others (sent beside the write) are done all the same.
-        held = plan.status.decisions() != self.status.decisions()
-        unwritten = bool(flags.get("unwritten")) or (stale is not None and stale[1] != self.generation)
+        # The status is written first, through its wire form, exactly as the shell writes it; when
+        # the write is refused, the actions the shell holds back for it are never sent, and the
+        # others (sent beside the write) are done all the same. A stale step is refused only when
+        # the shell writes at all (`writes_first`, or a changed status): with no write there is no
+        # Conflict to stop it.
+        held = writes_first(self.status, plan.status, plan.actions)
+        writes = held or plan.status != self.status
+        unwritten = bool(flags.get("unwritten")) or (writes and stale is not None and stale[1] != self.generation)
         if not unwritten:
             self.names_seen.update(p.name for p in obs.pods)
         self.check_status(plan)
         if unwritten:
-            actions = [a for a in plan.actions if not (held and needs_record(a, self.status))]
+            actions = [a for a in plan.actions if not (held and needs_record(a))]
         else:
             self.status = GenRMPoolStatus.model_validate(plan.status.to_wire())
             actions = list(plan.actions)

@@ -4,9 +4,10 @@ Aspects under test: a step that only wrote the status (a scale-in's victims) is 
 the step that unpublishes, without waiting for the watch's echo of the write or the resync; that
 immediate step happens once per wake, so a status that changed at every step cannot loop; the
 watch showing the reconciler's own status write wakes nothing unless no step followed that write;
-publishes, verification probes and creates the status already records run beside the status write,
-not after it; other actions (new creates among them) wait for a write that records decisions and
-run beside one that only updates counts; an action the watch has not shown yet is not sent again.
+publishes and verification probes run beside the status write, not after it; other actions wait
+for a write that records decisions and run beside one that only updates counts, except creates: a
+due create writes even an unchanged status first, for its Conflict; an action the watch has not
+shown yet is not sent again.
 """
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from genrm_operator.api.pool import GenRMPoolStatus
 from genrm_operator.core import reconcile as core
 from genrm_operator.core.model import Action, CreatePod, Event, Plan, SetPublished, Verify
+from genrm_operator.core.names import PUBLISHED_LABEL
 from genrm_operator.shell import reconciler as shell
 from genrm_operator.shell.expectations import Expectations
+from genrm_operator.shell.kube import Conflict
 from genrm_operator.shell.reconciler import PoolReconciler
 from genrm_operator.shell.sidecarwatch import SidecarWatch
 
@@ -118,7 +122,7 @@ async def test_a_status_that_changes_at_every_step_is_written_twice_per_wake_not
     assert kube.status_writes == 2
 
 
-async def test_publishes_probes_and_retried_creates_run_beside_the_status_write_and_other_actions_after_it(
+async def test_publishes_and_probes_run_beside_the_status_write_and_other_actions_after_it(
         monkeypatch: Any) -> None:
     manifest = pool(1, mode="Off")
     manifest["status"] = {"nextOrdinal": 2, "operationCount": 1, "operation": {
@@ -128,29 +132,72 @@ async def test_publishes_probes_and_retried_creates_run_beside_the_status_write_
     kube = RecordingKube(manifest, [serving_pod(0)])
     reconciler = frozen_reconciler(kube)
     beside = asyncio.Event()
-    create = kube.create
+    patch = kube.patch_pod_meta
 
     async def verify(*_: Any) -> None:
         kube.calls.append(("verify", time.monotonic()))
 
-    async def create_then_release(manifest: dict[str, Any]) -> bool:
+    async def patch_then_release(namespace: str, name: str, uid: str, labels: dict[str, str],
+                                 annotations: dict[str, str]) -> None:
         await asyncio.sleep(0)  # the probe has been sent by now, if it was not held back
-        created = await create(manifest)
-        beside.set()
-        return created
+        await patch(namespace, name, uid, labels, annotations)
+        if labels.get(PUBLISHED_LABEL) == "true":
+            beside.set()
 
     plan_with(monkeypatch, new_ordinal, (Verify(f"{POOL}-0", "uid-0", None), CreatePod(f"{POOL}-1", 1),
                                          SetPublished(f"{POOL}-2", "uid-2", True),
                                          SetPublished(f"{POOL}-0", "uid-0", False), CreatePod(f"{POOL}-3", 3)))
     monkeypatch.setattr(reconciler, "verify", verify)
-    monkeypatch.setattr(kube, "create", create_then_release)
+    monkeypatch.setattr(kube, "patch_pod_meta", patch_then_release)
     write_after(monkeypatch, kube, beside)
     await reconciler.step()
     calls = [call for call, _ in kube.calls]
-    assert calls.index("status") == 3, calls
-    assert set(calls[:3]) == {"verify", f"create {POOL}-1", f"patch {POOL}-2 {{'genrm.io/published': 'true'}}"}
-    assert set(calls[4:]) == {f"patch {POOL}-0 {{'genrm.io/published': 'false'}}", f"create {POOL}-3"}, \
-        "an unpublish and a create the status did not record yet wait for the record"
+    assert calls.index("status") == 2, calls
+    assert set(calls[:2]) == {"verify", f"patch {POOL}-2 {{'genrm.io/published': 'true'}}"}
+    assert set(calls[3:]) == {f"patch {POOL}-0 {{'genrm.io/published': 'false'}}", f"create {POOL}-1",
+                              f"create {POOL}-3"}, \
+        "an unpublish and every create, a retried one too (decided again on this step's spec), wait for the record"
+
+
+class PreconditionKube(RecordingKube):
+    """Refuses a status write bound to a resourceVersion other than the pool's, as the API server does."""
+
+    async def write_status(self, pool_: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        if pool_["metadata"]["resourceVersion"] != self.pool["metadata"]["resourceVersion"]:
+            self.calls.append(("conflict", time.monotonic()))
+            raise Conflict(POOL)
+        return await super().write_status(pool_, status)
+
+
+async def test_a_retried_create_writes_even_an_unchanged_status_first_and_its_conflict_cancels_it() -> None:
+    """replicas 2 -> 6 was recorded (the write landed) but its creates were lost (a SIGKILL, a refused
+    create); then the user went back to 2 while the watch still shows 6. The retries are decided
+    on replicas 6 with nothing new to record: without a write, nothing could stop them."""
+    recorded = pool(6, mode="Off")
+    recorded["status"] = {"nextOrdinal": 6, "operationCount": 1, "operation": {
+        "id": "op-1", "type": "ScaleOut", "from": 2, "to": 6, "phase": "Provisioning",
+        "startedAt": "2026-12-01T00:00:00Z", "lastTransitionTime": "2026-12-01T00:00:00Z",
+        "addedPods": [{"name": f"{POOL}-{i}", "ordinal": i} for i in range(2, 6)]}}
+    kube = PreconditionKube(recorded, [serving_pod(0), serving_pod(1)])
+    reconciler = frozen_reconciler(kube)
+    await reconciler.step()  # brings counts and conditions up to date; the fake's pods never appear
+    settled = copy.deepcopy(kube.pool)
+    reconciler.watched = lambda: copy.deepcopy(settled)  # type: ignore[method-assign]
+    reconciler.expected = Expectations()  # the retry window passed, or the operator restarted
+    kube.calls.clear()
+    await reconciler.step()
+    creates = [f"create {POOL}-{i}" for i in range(2, 6)]
+    assert [call for call, _ in kube.calls] == ["status", *creates], "an unchanged status, written for its Conflict"
+    assert kube.pool["status"] == settled["status"]
+
+    kube.pool["spec"]["replicas"] = 2  # the user goes back to 2; the watch has not shown it yet
+    kube.pool["metadata"]["generation"] = 2
+    kube.bump()
+    reconciler.expected = Expectations()
+    kube.calls.clear()
+    with pytest.raises(Conflict):
+        await reconciler.step()
+    assert [call for call, _ in kube.calls] == ["conflict"], "no GPU pod started for replicas 6 under replicas 2"
 
 
 async def test_actions_run_beside_a_write_that_only_updates_counts(monkeypatch: Any) -> None:

@@ -8,7 +8,7 @@ testable with generated sequences of events and clock steps.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -140,28 +140,38 @@ class Undrain:
 Action = CreatePod | DeletePod | SetPublished | Verify | Drain | Undrain
 
 
-def needs_record(action: Action, before: GenRMPoolStatus) -> bool:
-    """Whether ``action`` must wait until a status write that records new decisions has landed
-    (``before`` is the status the step started from).
+def needs_record(action: Action) -> bool:
+    """Whether ``action`` must wait until the step's status write has landed (see `writes_first`).
 
     Taking a replica away (unpublish, drain, delete) or back (undrain) acts on a decision a crash
-    must find: the victims are fixed in status before anything touches them. A new create waits
+    must find: the victims are fixed in status before anything touches them. Every create waits
     too, for another reason: the write is bound to the pool's resourceVersion, so a create decided
     on a spec the watch had not caught up with (replicas 2 -> 6 -> 2, or a template edit racing the
     step) is cancelled by the write's Conflict instead of starting GPU pods the spec no longer
-    wants. A create already recorded (a retry of a name in the operation's added pods) was decided
-    by a write that landed, so it goes beside. Two actions never wait, because the pod itself is
-    theirs: a publish is decided from what the pod shows (ready, verified, not a victim) and leaves
-    its label and ever-published annotation on it, so the next step counts it as serving whatever
-    the status says (on a stale spec it publishes a replica the next step may remove: churn, never
-    a loss); a verification probe decides nothing. Sending these beside the write takes the write's
-    round trip out of the wait between a replica's readiness and its publication."""
+    wants. That holds for a retry as much as for a new create: a retry is decided again, on this
+    step's spec (the write that recorded the name landed under an older one). Two actions never
+    wait, because the pod itself is theirs: a publish is decided from what the pod shows (ready,
+    verified, not a victim) and leaves its label and ever-published annotation on it, so the next
+    step counts it as serving whatever the status says (on a stale spec it publishes a replica the
+    next step may remove: churn, never a loss); a verification probe decides nothing. Sending these
+    beside the write takes the write's round trip out of the wait between a replica's readiness and
+    its publication."""
     match action:
         case Verify() | SetPublished(published=True):
             return False
-        case CreatePod(name=name):
-            return before.operation is None or all(a.name != name for a in before.operation.added_pods)
     return True
+
+
+def writes_first(before: GenRMPoolStatus, after: GenRMPoolStatus, due: Sequence[Action]) -> bool:
+    """Whether the step writes its status before the actions that `needs_record` (``due``: the
+    actions it will send).
+
+    It does when the status records new decisions, and when a create is due even if nothing in
+    the status changed (a retried create): then the write is an empty merge patch bound to the
+    resourceVersion the step decided on, which changes nothing on the API server and exists only
+    for its Conflict. Without it a retry decided on a stale spec would go out unchecked. Otherwise
+    every action goes beside the write, if any, as it would with no write at all."""
+    return after.decisions() != before.decisions() or any(isinstance(a, CreatePod) for a in due)
 
 
 @dataclass(frozen=True)
@@ -176,7 +186,7 @@ class Event:
 @dataclass(frozen=True)
 class Plan:
     """The result of one reconcile step: write ``status`` first, then run ``actions`` (those that
-    `needs_record` after the write, the others beside it).
+    `needs_record` after the write when it `writes_first`, the others beside it).
 
     ``decision`` is the autoscaler's, when one was due: after the status write the shell
     writes its count through the scale subresource when ``decision.apply`` says so."""

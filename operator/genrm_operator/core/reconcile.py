@@ -3,8 +3,8 @@
 The single writer (one kopf daemon per pool) calls :func:`reconcile` whenever
 something changed or a resync is due, writes the returned status first and
 only then carries out the actions that take replicas away or back or create
-new ones (`model.needs_record`; publishes, verification probes and retried
-creates go beside the write). Every action is idempotent, so running a step
+them (`model.writes_first`, `model.needs_record`; publishes and verification
+probes go beside the write). Every action is idempotent, so running a step
 twice, crashing between the status write and the actions, or a publish whose
 status write was refused, is safe.
 

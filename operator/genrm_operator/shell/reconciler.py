@@ -4,9 +4,9 @@ One :class:`PoolReconciler` runs inside one kopf daemon per pool. Each step
 reads the pool and its pods as the watch shows them (`read_pool`) and the
 sidecars' latest drain states from their long polls (`sidecarwatch`), calls
 :func:`reconcile`, writes the status with optimistic concurrency and, when that
-write records decisions, only then carries out the actions that take replicas away
-or back or create new ones (otherwise they run beside it, as publishes, verification
-probes and retried creates always do: see `core.model.needs_record`).
+write records decisions or a create is due, only then carries out the actions that
+take replicas away or back or create them (otherwise they run beside it, as
+publishes and verification probes always do: see `core.model.writes_first`).
 A crash anywhere is safe: the next step (or the next operator process) recomputes
 from observations and repeats idempotent actions.
 """
@@ -49,6 +49,7 @@ from ..core.model import (
     Undrain,
     Verify,
     needs_record,
+    writes_first,
 )
 from ..core.names import (
     EVER_PUBLISHED_ANNOTATION,
@@ -213,17 +214,19 @@ class PoolReconciler:
         )
         plan = reconcile(observed)
         version = str(meta.get("resourceVersion", ""))
-        # Actions wait for the status write only when it records new decisions (a crash between the
-        # two must find them, and its Conflict cancels what a stale spec decided), and then only
-        # those that take a replica away or back or create a new one (`needs_record`: publishes,
-        # verification probes and retried creates never wait). When the write only brings counts
-        # and conditions up to date they all run beside it, as they run with no write at all.
-        decided = plan.status.decisions() != status.decisions()
-        early = [a for a in plan.actions if not (decided and needs_record(a, status))]
+        # Actions wait for the status write only when it records new decisions or a create is due
+        # (a crash between the two must find the decisions, and the write's Conflict cancels what a
+        # stale spec decided: `writes_first`), and then only those that take a replica away or back
+        # or create one (`needs_record`: publishes and verification probes never wait). When the
+        # write only brings counts and conditions up to date they all run beside it, as they run
+        # with no write at all.
+        now = time.monotonic()
+        first = writes_first(status, plan.status, [a for a in plan.actions if self.expected.due(a, now)])
+        early = [a for a in plan.actions if not (first and needs_record(a))]
         self._action_errors = {}  # the last step's refusals are in this status; this step's are collected anew
         acting = asyncio.gather(*(self.carry_out(a, meta["uid"], spec, endpoints) for a in early))
         try:
-            if plan.status != status:
+            if plan.status != status or first:
                 self._written = await self.kube.write_status(pool, plan.status.to_wire())
                 version = str(self._written["metadata"]["resourceVersion"])
                 self._rewritten = not plan.actions
