@@ -30,12 +30,13 @@ from typing import Any
 
 import pytest
 from genrm_operator.api.pool import GenRMPoolSpec, GenRMPoolStatus
-from genrm_operator.api.status import HISTORY_LIMIT, HistoryEntry, Operation
+from genrm_operator.api.status import HISTORY_LIMIT, HistoryEntry, Operation, Phase
 from genrm_operator.core.children import template_revision
 from genrm_operator.core.classify import Replica, Role, classify
 from genrm_operator.core.clock import stamp
 from genrm_operator.core.conditions import find
 from genrm_operator.core.model import (
+    REPORT_DELAY_SECONDS,
     CreatePod,
     DeletePod,
     Drain,
@@ -46,6 +47,7 @@ from genrm_operator.core.model import (
     SidecarView,
     Undrain,
     Verify,
+    report_waits,
     writes_first,
 )
 from genrm_operator.core.names import drain_id
@@ -785,3 +787,27 @@ def test_a_drained_victim_counts_once_among_the_draining_replicas() -> None:
     plan = reconcile(observe(make_spec(1), pods, sidecars, scale_in([victim])))
     assert DeletePod("judge-1", "uid-judge-1") in plan.actions
     assert plan.status.draining_replicas == 1
+
+
+def test_counts_wait_for_the_operations_next_write_and_nothing_else_does() -> None:
+    """A status that only counts differently (a victim's readiness gone as it drains) is carried by
+    the operation's next write, or written on its own once it waited ``REPORT_DELAY_SECONDS``;
+    decisions, condition flips, a new observedGeneration and any change outside an operation are
+    written at once (``report_waits``)."""
+    world = converged_world(3)
+    world.step([Ev("scale", 2)])
+    running = world.status
+    assert running.operation is not None and running.operation.victims, "the victims are recorded"
+    fewer_ready = running.evolve(ready_replicas=running.ready_replicas - 1)
+    assert report_waits(running, fewer_ready, 0.0)
+    assert not report_waits(running, fewer_ready, REPORT_DELAY_SECONDS), "written on its own after the delay"
+    fenced = running.evolve(operation=running.operation.evolve(phase=Phase.FENCING))
+    assert not report_waits(running, fenced, 0.0), "a decision"
+    degraded = [c.model_copy(update={"status": "True", "reason": "ReplicaFailed"}) if c.type == "Degraded" else c
+                for c in running.conditions]
+    assert not report_waits(running, running.evolve(conditions=degraded), 0.0), "a condition flip"
+    assert not report_waits(running, running.evolve(observed_generation=running.observed_generation + 1), 0.0)
+    idle = converged_world(3).status
+    assert idle.operation is None
+    assert not report_waits(idle, idle.evolve(ready_replicas=2), 0.0), "outside an operation: something went wrong"
+

@@ -53,6 +53,7 @@ from genrm_operator.core.model import (
     Undrain,
     Verify,
     needs_record,
+    report_waits,
     writes_first,
 )
 from genrm_operator.core.names import drain_id, pod_name
@@ -183,6 +184,8 @@ class World:
     """This step's core saw last step's pod list."""
     chosen_before: set[str] = field(default_factory=set)
     """Victims of the operation before this step (a repeated unpublish is no new choice)."""
+    unwritten_since: float | None = None
+    """Since when the status has had counts the shell did not write (`report_waits`)."""
 
     # ----- disturbances ------------------------------------------------------------------------
 
@@ -368,10 +371,14 @@ class World:
         # The status is written first, through its wire form, exactly as the shell writes it; when
         # the write is refused, the actions the shell holds back for it are never sent, and the
         # others (sent beside the write) are done all the same. A stale step is refused only when
-        # the shell writes at all (`writes_first`, or a changed status): with no write there is no
-        # Conflict to stop it.
+        # the shell writes at all (`writes_first`, or a changed status that cannot wait for a later
+        # write: `report_waits`): with no write there is no Conflict to stop it.
         held = writes_first(self.status, plan.status, plan.actions)
-        writes = held or plan.status != self.status
+        changed = plan.status != self.status
+        since = self.unwritten_since if self.unwritten_since is not None else self.now
+        waits = changed and not held and report_waits(self.status, plan.status, self.now - since)
+        self.unwritten_since = since if waits else None
+        writes = held or (changed and not waits)
         unwritten = bool(flags.get("unwritten")) or (writes and stale is not None and stale[1] != self.generation)
         if not unwritten:
             self.names_seen.update(p.name for p in obs.pods)
@@ -379,7 +386,8 @@ class World:
         if unwritten:
             actions = [a for a in plan.actions if not (held and needs_record(a))]
         else:
-            self.status = GenRMPoolStatus.model_validate(plan.status.to_wire())
+            if writes:
+                self.status = GenRMPoolStatus.model_validate(plan.status.to_wire())
             actions = list(plan.actions)
         if not flags.get("lose"):
             for action in actions:

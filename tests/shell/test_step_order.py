@@ -6,8 +6,9 @@ immediate step happens once per wake, so a status that changed at every step can
 watch showing the reconciler's own status write wakes nothing unless no step followed that write;
 publishes and verification probes run beside the status write, not after it; other actions wait
 for a write that records decisions and run beside one that only updates counts, except creates: a
-due create writes even an unchanged status first, for its Conflict; an action the watch has not
-shown yet is not sent again.
+due create writes even an unchanged status first, for its Conflict; counts alone wait for the
+operation's next write, at most the report delay; an action the watch has not shown yet is not sent
+again.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import pytest
 from genrm_operator.api.pool import GenRMPoolStatus
+from genrm_operator.core import model
 from genrm_operator.core import reconcile as core
 from genrm_operator.core.model import Action, CreatePod, Event, Plan, SetPublished, Verify
 from genrm_operator.core.names import PUBLISHED_LABEL
@@ -276,3 +278,34 @@ async def test_the_echo_of_a_second_status_only_write_in_a_row_wakes_the_next_st
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_counts_alone_wait_for_the_operations_next_write_or_the_report_delay(monkeypatch: Any) -> None:
+    """While an operation runs, a status that only counts differently is not written at once: the
+    operation's next write carries it, or a write of its own once it waited the report delay, for
+    which the reconciler wakes without an event."""
+    manifest = pool(3, mode="Off")
+    manifest["status"] = {"nextOrdinal": 2, "operationCount": 1, "operation": {
+        "id": "op-1", "type": "ScaleOut", "from": 1, "to": 3, "phase": "Provisioning",
+        "startedAt": "2026-12-01T00:00:00Z", "lastTransitionTime": "2026-12-01T00:00:00Z",
+        "addedPods": [{"name": f"{POOL}-1", "ordinal": 1}]}}
+    kube = RecordingKube(manifest, [serving_pod(0)])
+    reconciler = frozen_reconciler(kube)
+    await reconciler.step()
+    assert kube.status_writes == 1, "conditions and counts for a status that had none"
+
+    def one_more_ready(observed: Any, status: GenRMPoolStatus) -> GenRMPoolStatus:
+        return status.evolve(ready_replicas=observed.status.ready_replicas + 1)
+
+    plan_with(monkeypatch, one_more_ready)
+    await reconciler.step()
+    assert kube.status_writes == 1, "only a count changed while the operation runs"
+    delay = 0.3
+    monkeypatch.setattr(model, "REPORT_DELAY_SECONDS", delay)
+    monkeypatch.setattr(shell, "REPORT_DELAY_SECONDS", delay)
+    kube.calls.clear()
+    started = time.monotonic()
+    await run_for(reconciler, delay * 1.5)  # within the active resync: only the delay wakes it
+    writes = [at - started for call, at in kube.calls if call == "status"]
+    assert len(writes) == 1 and writes[0] >= delay * 0.9, writes
+    assert kube.pool["status"]["readyReplicas"] == 2

@@ -174,6 +174,31 @@ def writes_first(before: GenRMPoolStatus, after: GenRMPoolStatus, due: Sequence[
     return after.decisions() != before.decisions() or any(isinstance(a, CreatePod) for a in due)
 
 
+REPORT_DELAY_SECONDS = 10.0
+"""How long counts may go unwritten while an operation runs (`report_waits`)."""
+
+
+def report_waits(before: GenRMPoolStatus, after: GenRMPoolStatus, waited: float) -> bool:
+    """Whether a status that differs from ``before`` (the pool's) only in what it counts can wait
+    for the operation's next write instead of being written now; ``waited``: seconds since a step
+    first found it unwritten.
+
+    Every write of the pool is decoded, patched, validated, stored, decoded again and sent to each
+    watcher by the API server, one event after another, so the watch that brings the next scale
+    request to the operator queues behind it. In a scale storm a fifth of the writes only moved a
+    count: a victim's readiness going as it drains, a pod leaving the Current count as it
+    terminates. The operation's next write (its next phase, or its end) carries such counts;
+    they get a write of their own once they have waited ``REPORT_DELAY_SECONDS``. Nothing else
+    waits: decisions (a crash must find them), a condition's status or reason (what alerts and
+    ``kubectl wait`` watch), a new observedGeneration, and everything outside an operation, where
+    a count changes because something went wrong."""
+    def flags(status: GenRMPoolStatus) -> list[tuple[str, str, str]]:
+        return [(c.type, c.status, c.reason) for c in status.conditions]
+    return (after.operation is not None and waited < REPORT_DELAY_SECONDS
+            and after.decisions() == before.decisions()
+            and after.observed_generation == before.observed_generation and flags(after) == flags(before))
+
+
 @dataclass(frozen=True)
 class Event:
     """A Kubernetes Event to post on the pool."""

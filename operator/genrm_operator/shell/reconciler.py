@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -38,6 +39,7 @@ from ..core.childrenplan import (
     select_observed,
 )
 from ..core.model import (
+    REPORT_DELAY_SECONDS,
     Action,
     CreatePod,
     DeletePod,
@@ -49,6 +51,7 @@ from ..core.model import (
     Undrain,
     Verify,
     needs_record,
+    report_waits,
     writes_first,
 )
 from ..core.names import (
@@ -114,6 +117,8 @@ class PoolReconciler:
         """The pool's spec and status as last parsed, with the resourceVersion they were parsed from."""
         self._views: dict[tuple[str, str], PodView] = {}
         """Each pod's view by (UID, resourceVersion), as the last step made it."""
+        self._unwritten_since: float | None = None
+        """Since when (monotonic) the status has had counts no write carried (`report_waits`)."""
 
     async def run(self, stopped: Callable[[], bool]) -> None:
         """Step until stopped; woken early by pool and pod events."""
@@ -137,13 +142,20 @@ class PoolReconciler:
                     self._await_echo()
                 try:
                     resync = ACTIVE_RESYNC_SECONDS if busy else IDLE_RESYNC_SECONDS
-                    await asyncio.wait_for(self.wake.wait(), min(resync, self.autoscaler.seconds_until_due()))
+                    await asyncio.wait_for(self.wake.wait(), min(resync, self.autoscaler.seconds_until_due(),
+                                                                 self.report_due()))
                 except TimeoutError:
                     pass
         finally:
             metrics.ACTIVE_POOLS.dec()
             await self.watch.close()
             await self.autoscaler.close()
+
+    def report_due(self) -> float:
+        """Seconds until the counts no write has carried must be written (`report_waits`)."""
+        if self._unwritten_since is None:
+            return math.inf
+        return max(0.0, self._unwritten_since + REPORT_DELAY_SECONDS - time.monotonic())
 
     def pool_changed(self, version: str) -> None:
         """The watch shows the pool at ``version``: wake, unless that is this process's own last status
@@ -223,10 +235,14 @@ class PoolReconciler:
         now = time.monotonic()
         first = writes_first(status, plan.status, [a for a in plan.actions if self.expected.due(a, now)])
         early = [a for a in plan.actions if not (first and needs_record(a))]
+        changed = plan.status != status
+        since = self._unwritten_since if self._unwritten_since is not None else now
+        waits = changed and not first and report_waits(status, plan.status, now - since)
+        self._unwritten_since = since if waits else None
         self._action_errors = {}  # the last step's refusals are in this status; this step's are collected anew
         acting = asyncio.gather(*(self.carry_out(a, meta["uid"], spec, endpoints) for a in early))
         try:
-            if plan.status != status or first:
+            if (changed or first) and not waits:
                 self._written = await self.kube.write_status(pool, plan.status.to_wire())
                 version = str(self._written["metadata"]["resourceVersion"])
                 self._rewritten = not plan.actions
