@@ -13,8 +13,10 @@ against *ground truth* rather than against the core's own view:
 - engine warm-up after scheduling (slow starts possible), a GPU capacity limit (pods
   beyond it stay Pending with the scheduler's Unschedulable message);
 - the shell's contract for every action: the status written first when it records new
-  decisions or a create is due (`writes_first`: then even unchanged, for its Conflict), then the
-  actions that need its record (`needs_record`; publishes and probes go beside it); creates
+  commitments, or new progress marks with an action that needs the record, or a create is due
+  (`writes_first`: then even unchanged, for its Conflict), then the actions that need its record
+  (`needs_record`; publishes and probes go beside it); progress marks and counts alone left for a
+  later write while an operation runs (`report_waits`); creates
   idempotent by name (AlreadyExists), deletes bound to the pod UID and completed one step
   later (a short-grace delete of a never-served replica also to its resourceVersion, so it
   fails once the pod was published), drains bound to a drain id, undrain refused once drained, verification
@@ -172,6 +174,8 @@ class World:
     pods: dict[str, SimPod] = field(default_factory=dict)
     names_ever: set[str] = field(default_factory=set)
     names_seen: set[str] = field(default_factory=set)
+    names_deleted: set[str] = field(default_factory=set)
+    """Pods the core deleted: whatever its writes, it never creates one of these names again."""
     step_no: int = 0
     uid_counter: int = 0
     perturb_next: int = 0
@@ -380,7 +384,7 @@ class World:
         self.unwritten_since = since if waits else None
         writes = held or (changed and not waits)
         unwritten = bool(flags.get("unwritten")) or (writes and stale is not None and stale[1] != self.generation)
-        if not unwritten:
+        if writes and not unwritten:
             self.names_seen.update(p.name for p in obs.pods)
         self.check_status(plan)
         if unwritten:
@@ -414,6 +418,7 @@ class World:
                     return  # the resourceVersion precondition fails: publishing changed the pod
                 if pod is not None and pod.uid == uid and not pod.deleting:
                     self.check_delete(pod, plan)
+                    self.names_deleted.add(name)
                     pod.deleting = True
                     pod.deleted_at_step = self.step_no
                     pod.published = False
@@ -456,11 +461,14 @@ class World:
             raise Violation(f"CreatePod {name} does not carry its ordinal {ordinal}")
         if name in self.pods:
             return  # AlreadyExists: success, nothing new
+        if name in self.names_deleted:
+            raise Violation(f"pod name {name} created again after the core deleted its pod")
         if name in self.names_seen:
             # A pod deleted by someone else before the core ever listed it is indistinguishable from
             # a lost create, so retrying that name is allowed; reusing a name the core saw is not.
             # The status is the core's only memory: a pod counts as seen once a step that listed it
-            # had its status written (a refused write leaves the core as if it never looked).
+            # had its status written (a refused write, or one left for later by `report_waits`,
+            # leaves the core as if it never looked).
             raise Violation(f"pod name {name} reused after its pod was seen and deleted")
         self.names_ever.add(name)
         self.uid_counter += 1
