@@ -124,14 +124,19 @@ async def test_a_status_that_changes_at_every_step_is_written_twice_per_wake_not
     assert kube.status_writes == 2
 
 
-async def test_publishes_and_probes_run_beside_the_status_write_and_other_actions_after_it(
-        monkeypatch: Any) -> None:
-    manifest = pool(1, mode="Off")
+def scaling_out(replicas: int) -> dict[str, Any]:
+    """A pool wanting ``replicas`` whose recorded scale-out 1 -> 3 created its pod 1, not seen yet."""
+    manifest = pool(replicas, mode="Off")
     manifest["status"] = {"nextOrdinal": 2, "operationCount": 1, "operation": {
         "id": "op-1", "type": "ScaleOut", "from": 1, "to": 3, "phase": "Provisioning",
         "startedAt": "2026-12-01T00:00:00Z", "lastTransitionTime": "2026-12-01T00:00:00Z",
         "addedPods": [{"name": f"{POOL}-1", "ordinal": 1}]}}
-    kube = RecordingKube(manifest, [serving_pod(0)])
+    return manifest
+
+
+async def test_publishes_and_probes_run_beside_the_status_write_and_other_actions_after_it(
+        monkeypatch: Any) -> None:
+    kube = RecordingKube(scaling_out(1), [serving_pod(0)])
     reconciler = frozen_reconciler(kube)
     beside = asyncio.Event()
     patch = kube.patch_pod_meta
@@ -284,12 +289,7 @@ async def test_counts_alone_wait_for_the_operations_next_write_or_the_report_del
     """While an operation runs, a status that only counts differently is not written at once: the
     operation's next write carries it, or a write of its own once it waited the report delay, for
     which the reconciler wakes without an event."""
-    manifest = pool(3, mode="Off")
-    manifest["status"] = {"nextOrdinal": 2, "operationCount": 1, "operation": {
-        "id": "op-1", "type": "ScaleOut", "from": 1, "to": 3, "phase": "Provisioning",
-        "startedAt": "2026-12-01T00:00:00Z", "lastTransitionTime": "2026-12-01T00:00:00Z",
-        "addedPods": [{"name": f"{POOL}-1", "ordinal": 1}]}}
-    kube = RecordingKube(manifest, [serving_pod(0)])
+    kube = RecordingKube(scaling_out(3), [serving_pod(0)])
     reconciler = frozen_reconciler(kube)
     await reconciler.step()
     assert kube.status_writes == 1, "conditions and counts for a status that had none"
