@@ -21,7 +21,8 @@ Figures:
   (the hollow server's clock) to the operator's pod delete (audit);
 * cost: operator CPU idle and during the storm (cores), RSS (MB), API writes and reads per minute
   by the operator (audit: ``apiserver_request_total`` has no client label, so the audit log is
-  where the API server says who wrote), sidecar calls per second (hollow server's count).
+  where the API server says who wrote), pool status writes per pool scale change in the storm
+  (``st/op``, audit), sidecar calls per second (hollow server's count).
 
 Run from the repository root: ``python -m e2e.bench_operator --hollow --sizes 10x5,50x20``.
 The last line is ``operator-bench: pools=P replicas=R react_p50_s= ...`` for the largest size.
@@ -97,6 +98,12 @@ class Audit:
     @staticmethod
     def by_operator(event: JSON) -> bool:
         return str(event.get("userAgent", "")).startswith(OPERATOR_AGENTS)
+
+    def status_writes(self, start: float, end: float) -> int:
+        """The operator's writes of pool status between two wall times."""
+        return sum(1 for e in self.read() if start <= e["t"] < end and self.by_operator(e) and e["verb"] in WRITES
+                   and (e.get("objectRef") or {}).get("subresource") == "status"
+                   and (e.get("objectRef") or {}).get("resource") == "genrmpools")
 
     def operator_calls(self, start: float, end: float) -> tuple[int, int]:
         """(writes, reads) the operator sent between two wall times."""
@@ -204,6 +211,8 @@ class Figures:
     rss: float = math.nan
     writes_idle: float = math.nan
     writes_storm: float = math.nan
+    status_per_op: float = math.nan
+    """The operator's pool status writes in the storm per pool scale change."""
     reads_idle: float = math.nan
     sidecar_idle: float = math.nan
     sidecar_storm: float = math.nan
@@ -232,7 +241,8 @@ COLUMNS = [
     ("del50", lambda f: f"{pct(f.drain_delete, .5):.3f}"), ("del99", lambda f: f"{pct(f.drain_delete, .99):.3f}"),
     ("cpu_idle", lambda f: f"{f.cpu_idle:.3f}"), ("cpu_storm", lambda f: f"{f.cpu_storm:.3f}"),
     ("rss_mb", lambda f: f"{f.rss:.0f}"), ("wr/min_idle", lambda f: f"{f.writes_idle:.1f}"),
-    ("wr/min_storm", lambda f: f"{f.writes_storm:.0f}"), ("rd/min_idle", lambda f: f"{f.reads_idle:.1f}"),
+    ("wr/min_storm", lambda f: f"{f.writes_storm:.0f}"), ("st/op", lambda f: f"{f.status_per_op:.1f}"),
+    ("rd/min_idle", lambda f: f"{f.reads_idle:.1f}"),
     ("sc/s_idle", lambda f: f"{f.sidecar_idle:.1f}"), ("sc/s_storm", lambda f: f"{f.sidecar_storm:.1f}"),
 ]
 
@@ -385,6 +395,8 @@ class Bench:
         time.sleep(1.5)
         writes, _ = self.audit.operator_calls(t0, t1)
         figures.writes_storm = writes * 60 / (t1 - t0)
+        pool_changes = sum(1 for c in changes if c.kind != "rs")
+        figures.status_per_op = self.audit.status_writes(t0, t1 + 1.0) / max(1, pool_changes)
         self.reactions(figures, changes)
         figures.publish = self.watch.publish_overheads(t0)
         figures.drain_delete = self.drain_deletes(t0, t1)
