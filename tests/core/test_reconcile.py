@@ -789,11 +789,11 @@ def test_a_drained_victim_counts_once_among_the_draining_replicas() -> None:
     assert plan.status.draining_replicas == 1
 
 
-def test_counts_wait_for_the_operations_next_commitment_and_nothing_else_does() -> None:
-    """A status that differs only in what a later step could tell again (a count) is carried by
-    the operation's next write of a commitment, or written on its own once it waited
-    ``REPORT_DELAY_SECONDS``; commitments (a phase, a victim's mark), condition flips, a new
-    observedGeneration and any change outside an operation are written at once (``report_waits``)."""
+def test_counts_wait_for_the_operations_next_decision_and_nothing_else_does() -> None:
+    """A status that differs only in a count is carried by the operation's next write of a
+    decision, or written on its own once it waited ``REPORT_DELAY_SECONDS``; decisions (a phase, a
+    victim's mark, a create seen), condition flips, a new observedGeneration and any change outside
+    an operation are written at once (``report_waits``)."""
     world = converged_world(3)
     world.step([Ev("scale", 2)])
     running = world.status
@@ -806,7 +806,7 @@ def test_counts_wait_for_the_operations_next_commitment_and_nothing_else_does() 
                                                   last_transition_time=stamp(world.now + 1)))
     assert not report_waits(running, draining, 0.0), "a phase"
     fenced = running.evolve(operation=op.evolve(victims=[op.victims[0].evolve(fenced_at=stamp(world.now))]))
-    assert not report_waits(running, fenced, 0.0), "the start of the drain timeout: a commitment"
+    assert not report_waits(running, fenced, 0.0), "the start of the drain timeout"
     degraded = [c.model_copy(update={"status": "True", "reason": "ReplicaFailed"}) if c.type == "Degraded" else c
                 for c in running.conditions]
     assert not report_waits(running, running.evolve(conditions=degraded), 0.0), "a condition flip"
@@ -815,18 +815,3 @@ def test_counts_wait_for_the_operations_next_commitment_and_nothing_else_does() 
     assert idle.operation is None
     assert not report_waits(idle, idle.evolve(ready_replicas=2), 0.0), "outside an operation: something went wrong"
 
-
-def test_a_seen_create_is_written_first_only_before_an_action_that_takes_a_replica_away() -> None:
-    """Marking a create seen is progress: it rides with a later write, unless this step deletes
-    the pod (a new replica that failed), which must leave the mark on record, or a later step would
-    create the pod again under its name."""
-    world = converged_world(1)
-    world.step([Ev("scale", 2)])
-    before = world.status
-    op = before.operation
-    assert op is not None and op.added_pods and not op.added_pods[0].observed
-    seen = before.evolve(operation=op.evolve(added_pods=[op.added_pods[0].evolve(observed=True)]))
-    name = op.added_pods[0].name
-    assert seen.decisions() != before.decisions() and seen.commitments() == before.commitments()
-    assert not writes_first(before, seen, [Verify(name, "uid", None), SetPublished(name, "uid", True)])
-    assert writes_first(before, seen, [DeletePod(name, "uid")])

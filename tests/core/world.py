@@ -13,10 +13,9 @@ against *ground truth* rather than against the core's own view:
 - engine warm-up after scheduling (slow starts possible), a GPU capacity limit (pods
   beyond it stay Pending with the scheduler's Unschedulable message);
 - the shell's contract for every action: the status written first when it records new
-  commitments, or new progress marks with an action that needs the record, or a create is due
-  (`writes_first`: then even unchanged, for its Conflict), then the actions that need its record
-  (`needs_record`; publishes and probes go beside it); progress marks and counts alone left for a
-  later write while an operation runs (`report_waits`); creates
+  decisions or a create is due (`writes_first`: then even unchanged, for its Conflict), then the
+  actions that need its record (`needs_record`; publishes and probes go beside it); counts alone
+  left for a later write while an operation runs (`report_waits`); creates
   idempotent by name (AlreadyExists), deletes bound to the pod UID and completed one step
   later (a short-grace delete of a never-served replica also to its resourceVersion, so it
   fails once the pod was published), drains bound to a drain id, undrain refused once drained, verification
@@ -384,7 +383,7 @@ class World:
         self.unwritten_since = since if waits else None
         writes = held or (changed and not waits)
         unwritten = bool(flags.get("unwritten")) or (writes and stale is not None and stale[1] != self.generation)
-        if writes and not unwritten:
+        if not unwritten:
             self.names_seen.update(p.name for p in obs.pods)
         self.check_status(plan)
         if unwritten:
@@ -467,8 +466,9 @@ class World:
             # A pod deleted by someone else before the core ever listed it is indistinguishable from
             # a lost create, so retrying that name is allowed; reusing a name the core saw is not.
             # The status is the core's only memory: a pod counts as seen once a step that listed it
-            # had its status written (a refused write, or one left for later by `report_waits`,
-            # leaves the core as if it never looked).
+            # had its status written (a refused write leaves the core as if it never looked; one
+            # that `report_waits` leaves for later carries no new record of a pod: a create seen
+            # is a decision).
             raise Violation(f"pod name {name} reused after its pod was seen and deleted")
         self.names_ever.add(name)
         self.uid_counter += 1

@@ -309,3 +309,41 @@ async def test_counts_alone_wait_for_the_operations_next_write_or_the_report_del
     writes = [at - started for call, at in kube.calls if call == "status"]
     assert len(writes) == 1 and writes[0] >= delay * 0.9, writes
     assert kube.pool["status"]["readyReplicas"] == 2
+
+
+@pytest.mark.parametrize("failure", ["error", "deleted"])
+async def test_a_failing_step_with_overdue_counts_waits_for_the_resync(monkeypatch: Any, failure: str) -> None:
+    """Counts left for later and overdue must not make a step that fails (an unreachable API
+    server) or finds its pool deleted run again at once: it waits for the resync, as before."""
+    kube = RecordingKube(scaling_out(3), [serving_pod(0)])
+    reconciler = frozen_reconciler(kube)
+    await reconciler.step()
+
+    def one_more_ready(observed: Any, status: GenRMPoolStatus) -> GenRMPoolStatus:
+        return status.evolve(ready_replicas=observed.status.ready_replicas + 1)
+
+    plan_with(monkeypatch, one_more_ready)
+    delay = 0.05
+    monkeypatch.setattr(model, "REPORT_DELAY_SECONDS", delay)
+    monkeypatch.setattr(shell, "REPORT_DELAY_SECONDS", delay)
+    await reconciler.step()
+    assert kube.status_writes == 1, "the count waits"
+    await asyncio.sleep(delay * 2)  # overdue now
+    steps = 0
+    step = reconciler.step
+
+    async def failing() -> bool:
+        nonlocal steps
+        steps += 1
+        if failure == "error":
+            raise RuntimeError("Cannot connect to host")
+        deleted = copy.deepcopy(kube.pool)
+        deleted["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
+        reconciler.watched = lambda: copy.deepcopy(deleted)  # type: ignore[method-assign]
+        reconciler._written = None
+        return await step()
+
+    monkeypatch.setattr(reconciler, "step", failing)
+    monkeypatch.setattr(shell.log, "exception", lambda *_, **__: None)
+    await run_for(reconciler, shell.ACTIVE_RESYNC_SECONDS / 2)
+    assert steps == 1, f"{steps} steps within half a resync"

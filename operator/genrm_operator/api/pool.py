@@ -114,11 +114,5 @@ class GenRMPoolStatus(ApiModel):
         """What the operator decided, as opposed to what it counted: the operation (victims, creates,
         phase), ordinals, history, revisions and the autoscaler's memory. Acting on a decision needs
         it written first (a crash must find it); counts and conditions only report what was seen."""
-        return (*self.commitments(), self.operation)
-
-    def commitments(self) -> tuple[object, ...]:
-        """`decisions` less the operation's progress mark (`Operation.commitments`): the part a step
-        must write before it moves on, because a crash or a later step could not tell it again."""
-        operation = self.operation.commitments() if self.operation is not None else None
-        return (operation, self.next_ordinal, self.operation_count, self.history, self.current_revision,
+        return (self.operation, self.next_ordinal, self.operation_count, self.history, self.current_revision,
                 self.update_revision, self.autoscaler)

@@ -207,12 +207,6 @@ class Operation(OperationIdentity):
     replaced: int = Field(0, ge=0)
     """Rollout: outdated replicas retired so far."""
 
-    def commitments(self) -> tuple[object, ...]:
-        """The operation less its one progress mark, which of its creates a step has seen: a later
-        step sees the pod again for itself, so that mark can wait for the operation's next write."""
-        return (*(value for key, value in self if key != "added_pods"),
-                [(a.name, a.ordinal) for a in self.added_pods])
-
     @model_validator(mode="after")
     def _phase_of_type(self) -> Self:
         """A scale-out is never Fencing, nor a scale-in Verifying; neither is active in a terminal phase."""

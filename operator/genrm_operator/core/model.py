@@ -166,41 +166,36 @@ def writes_first(before: GenRMPoolStatus, after: GenRMPoolStatus, due: Sequence[
     """Whether the step writes its status before the actions that `needs_record` (``due``: the
     actions it will send).
 
-    It does when the status records new commitments (`GenRMPoolStatus.commitments`), and when a
-    create is due even if nothing in the status changed (a retried create): then the write is an
-    empty merge patch bound to the resourceVersion the step decided on, which changes nothing on
-    the API server and exists only for its Conflict. Without it a retry decided on a stale spec
-    would go out unchecked. A create newly seen, alone, is written first only when an action that
-    needs the record is due: deleting a new replica that failed must leave its create marked seen,
-    or a later step would create it again under its name. Otherwise
+    It does when the status records new decisions, and when a create is due even if nothing in
+    the status changed (a retried create): then the write is an empty merge patch bound to the
+    resourceVersion the step decided on, which changes nothing on the API server and exists only
+    for its Conflict. Without it a retry decided on a stale spec would go out unchecked. Otherwise
     every action goes beside the write, if any, as it would with no write at all."""
-    return (after.commitments() != before.commitments() or any(isinstance(a, CreatePod) for a in due)
-            or (after.decisions() != before.decisions() and any(needs_record(a) for a in due)))
+    return after.decisions() != before.decisions() or any(isinstance(a, CreatePod) for a in due)
 
 
 REPORT_DELAY_SECONDS = 10.0
-"""How long counts and creates seen may go unwritten while an operation runs (`report_waits`)."""
+"""How long counts may go unwritten while an operation runs (`report_waits`)."""
 
 
 def report_waits(before: GenRMPoolStatus, after: GenRMPoolStatus, waited: float) -> bool:
-    """Whether a status that differs from ``before`` (the pool's) only in what a later step could
-    tell again can wait for the operation's next write instead of being written now; ``waited``:
-    seconds since a step first found it unwritten.
+    """Whether a status that differs from ``before`` (the pool's) only in what it counts can wait
+    for the operation's next write instead of being written now; ``waited``: seconds since a step
+    first found it unwritten.
 
     Every write of the pool is decoded, patched, validated, stored, decoded again and sent to each
-    watcher by the API server, one event after another, and the watch that brings the next scale
-    request to the operator queues behind them. In a scale storm a third of the writes recorded
-    nothing that lasts: a count (a victim's readiness going as it drains, a pod leaving the
-    Current count as it terminates) or a create seen. The operation's next write of a commitment
-    (a phase, a victim's mark, its end) carries them; they get a write of their own once they have
-    waited ``REPORT_DELAY_SECONDS``. A crash before that loses nothing the next step cannot see
-    again. Nothing else waits: commitments, a condition's status or reason (what alerts and
+    watcher by the API server, one event after another, so the watch that brings the next scale
+    request to the operator queues behind it. In a scale storm a fifth of the writes only moved a
+    count: a victim's readiness going as it drains, a pod leaving the Current count as it
+    terminates. The operation's next write (its next phase, or its end) carries such counts;
+    they get a write of their own once they have waited ``REPORT_DELAY_SECONDS``. Nothing else
+    waits: decisions (a crash must find them), a condition's status or reason (what alerts and
     ``kubectl wait`` watch), a new observedGeneration, and everything outside an operation, where
     a count changes because something went wrong."""
     def flags(status: GenRMPoolStatus) -> list[tuple[str, str, str]]:
         return [(c.type, c.status, c.reason) for c in status.conditions]
     return (after.operation is not None and waited < REPORT_DELAY_SECONDS
-            and after.commitments() == before.commitments()
+            and after.decisions() == before.decisions()
             and after.observed_generation == before.observed_generation and flags(after) == flags(before))
 
 

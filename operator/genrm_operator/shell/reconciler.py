@@ -191,11 +191,15 @@ class PoolReconciler:
             return await self.step()
         except Conflict:
             result = "conflict"
+            self._unwritten_since = None  # the next step decides on a fresh read, and its own counts
             self._refresh = True
             self.wake.set()
             return True
         except Exception:
             result = "error"
+            # Counts left for later are not overdue for a step that failed: with them due, `run`
+            # would step again at once, not after the resync, for as long as the error lasts.
+            self._unwritten_since = None
             metrics.RECONCILE_ERRORS.labels(self.namespace, self.name).inc()
             log.exception("reconcile of %s/%s failed", self.namespace, self.name)
             return True
@@ -207,6 +211,7 @@ class PoolReconciler:
         """Observe, decide, write status, act. Returns True while work is in progress."""
         pool = await self.read_pool()
         if pool is None or pool["metadata"].get("deletionTimestamp"):
+            self._unwritten_since = None
             return False
         meta = pool["metadata"]
         spec, status = self.parse(pool)
