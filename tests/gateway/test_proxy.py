@@ -99,7 +99,9 @@ def test_openai_client_works_through_the_gateway(shared: Stack) -> None:
 
 
 def test_engine_killed_mid_request_gives_502_and_inflight_returns_to_zero() -> None:
-    with gateway_stack(sim_args=("--sim-ttft-ms", "3000")) as stack:
+    # A short engine wait: the refusal below comes after it, and the default (5 s) is also the
+    # client's default timeout, which made the refusal and the client's give-up a race.
+    with gateway_stack("--engine-wait-seconds", "1", sim_args=("--sim-ttft-ms", "3000")) as stack:
         async def scenario() -> httpx.Response:
             async with httpx.AsyncClient(timeout=10) as client:
                 request = asyncio.ensure_future(client.post(f"{stack.url}/generate", json={"text": "x"}))
