@@ -54,7 +54,7 @@ from genrm_operator.core.model import (
     Undrain,
     Verify,
     needs_record,
-    report_waits,
+    unwritten_since,
     writes_first,
 )
 from genrm_operator.core.names import drain_id, pod_name
@@ -377,11 +377,8 @@ class World:
         # the shell writes at all (`writes_first`, or a changed status that cannot wait for a later
         # write: `report_waits`): with no write there is no Conflict to stop it.
         held = writes_first(self.status, plan.status, plan.actions)
-        changed = plan.status != self.status
-        since = self.unwritten_since if self.unwritten_since is not None else self.now
-        waits = changed and not held and report_waits(self.status, plan.status, self.now - since)
-        self.unwritten_since = since if waits else None
-        writes = held or (changed and not waits)
+        self.unwritten_since = unwritten_since(self.status, plan.status, held, self.unwritten_since, self.now)
+        writes = (held or plan.status != self.status) and self.unwritten_since is None
         unwritten = bool(flags.get("unwritten")) or (writes and stale is not None and stale[1] != self.generation)
         if not unwritten:
             self.names_seen.update(p.name for p in obs.pods)

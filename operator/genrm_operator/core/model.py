@@ -199,6 +199,17 @@ def report_waits(before: GenRMPoolStatus, after: GenRMPoolStatus, waited: float)
             and after.observed_generation == before.observed_generation and flags(after) == flags(before))
 
 
+def unwritten_since(before: GenRMPoolStatus, after: GenRMPoolStatus, first: bool, since: float | None,
+                    now: float) -> float | None:
+    """Since when the counts a step leaves unwritten (`report_waits`) have waited, or None when the
+    step writes its status (``first``: it `writes_first`) or has nothing to write; ``since`` is the
+    last step's answer. The shell keeps it between steps, and so does the core world."""
+    start = now if since is None else since
+    if after != before and not first and report_waits(before, after, now - start):
+        return start
+    return None
+
+
 @dataclass(frozen=True)
 class Event:
     """A Kubernetes Event to post on the pool."""

@@ -51,7 +51,7 @@ from ..core.model import (
     Undrain,
     Verify,
     needs_record,
-    report_waits,
+    unwritten_since,
     writes_first,
 )
 from ..core.names import (
@@ -191,7 +191,6 @@ class PoolReconciler:
             return await self.step()
         except Conflict:
             result = "conflict"
-            self._unwritten_since = None  # the next step decides on a fresh read, and its own counts
             self._refresh = True
             self.wake.set()
             return True
@@ -240,14 +239,11 @@ class PoolReconciler:
         now = time.monotonic()
         first = writes_first(status, plan.status, [a for a in plan.actions if self.expected.due(a, now)])
         early = [a for a in plan.actions if not (first and needs_record(a))]
-        changed = plan.status != status
-        since = self._unwritten_since if self._unwritten_since is not None else now
-        waits = changed and not first and report_waits(status, plan.status, now - since)
-        self._unwritten_since = since if waits else None
+        self._unwritten_since = unwritten_since(status, plan.status, first, self._unwritten_since, now)
         self._action_errors = {}  # the last step's refusals are in this status; this step's are collected anew
         acting = asyncio.gather(*(self.carry_out(a, meta["uid"], spec, endpoints) for a in early))
         try:
-            if (changed or first) and not waits:
+            if (plan.status != status or first) and self._unwritten_since is None:
                 self._written = await self.kube.write_status(pool, plan.status.to_wire())
                 version = str(self._written["metadata"]["resourceVersion"])
                 self._rewritten = not plan.actions
