@@ -7,7 +7,10 @@ engine, `genrm_cluster.hollow`), the operator (a real process, `harness.Operator
 * an idle window: operator CPU (``/proc/<pid>/stat``), its API writes and reads, sidecar calls;
 * a scale storm: every pool scaled out by one at once, then (converged) in by one, ``--rounds``
   times, while a Deployment in the same cluster is scaled out a few times (its pods pin to no
-  node, so only the ReplicaSet controller works).
+  node, so only the ReplicaSet controller works);
+* a Deployment burst, after the storm, beside the same idle pools: as many Deployments as pools
+  (one namespace each) scaled out by one at once, ``--rounds`` times, so the ReplicaSet
+  controller answers a burst as large as the operator's, through an API server as busy with it.
 
 Figures:
 
@@ -15,7 +18,8 @@ Figures:
   (scale-out) or first pod patch (the unpublish of scale-in) in that pool's namespace; for the
   Deployment, to the ReplicaSet controller's first pod create (``rs_react``). Both ends come from
   the API server's audit log (microsecond timestamps, the client named by its user agent: the
-  operator's kube client sends ``genrm-operator``, kopf ``kopf/<version>``);
+  operator's kube client sends ``genrm-operator``, kopf ``kopf/<version>``); the same for the
+  Deployment burst (``rs_burst``, printed on its own line before the last);
 * publish overhead: pod Ready (the kubelet's report of the sidecar's readiness) to the published
   label, both as a watch shows them; drain overhead (hollow only): the replica's Drained instant
   (the hollow server's clock) to the operator's pod delete (audit);
@@ -180,7 +184,7 @@ class Change:
     """One scale request of the benchmark: where, which way, answered by whom."""
 
     namespace: str
-    kind: str  # "out", "in" or "rs"
+    kind: str  # "out", "in", "rs" (the Deployment beside the storm) or "burst" (the Deployment burst)
     sent: float  # wall time just before sending (the audit's arrival time replaces it)
 
 
@@ -204,6 +208,7 @@ class Figures:
     react_out: list[float] = field(default_factory=list)
     react_in: list[float] = field(default_factory=list)
     rs_react: list[float] = field(default_factory=list)
+    rs_burst: list[float] = field(default_factory=list)
     publish: list[float] = field(default_factory=list)
     drain_delete: list[float] = field(default_factory=list)
     cpu_idle: float = math.nan
@@ -230,6 +235,11 @@ class Figures:
                 f"publish_overhead_p99_s={pct(self.publish, .99):.3f} "
                 f"cpu_idle_cores={self.cpu_idle:.3f} rss_mb={self.rss:.0f} api_writes_per_min={self.writes_idle:.1f}")
 
+    def burst_line(self) -> str:
+        """The ReplicaSet controller answering a burst of as many Deployment scales as there are pools."""
+        return (f"operator-bench-burst: deployments={self.pools} rs_burst_react_p50_s={pct(self.rs_burst, .5):.3f} "
+                f"rs_burst_react_p99_s={pct(self.rs_burst, .99):.3f}")
+
 
 COLUMNS = [
     ("mode", lambda f: f.mode), ("PxR", lambda f: f"{f.pools}x{f.per_pool}"), ("R", lambda f: f.replicas),
@@ -237,6 +247,7 @@ COLUMNS = [
     ("react50", lambda f: f"{pct(f.react, .5):.3f}"), ("react99", lambda f: f"{pct(f.react, .99):.3f}"),
     ("out50", lambda f: f"{pct(f.react_out, .5):.3f}"), ("in50", lambda f: f"{pct(f.react_in, .5):.3f}"),
     ("rs50", lambda f: f"{pct(f.rs_react, .5):.3f}"), ("rs99", lambda f: f"{pct(f.rs_react, .99):.3f}"),
+    ("burst50", lambda f: f"{pct(f.rs_burst, .5):.3f}"), ("burst99", lambda f: f"{pct(f.rs_burst, .99):.3f}"),
     ("pub50", lambda f: f"{pct(f.publish, .5):.3f}"), ("pub99", lambda f: f"{pct(f.publish, .99):.3f}"),
     ("del50", lambda f: f"{pct(f.drain_delete, .5):.3f}"), ("del99", lambda f: f"{pct(f.drain_delete, .99):.3f}"),
     ("cpu_idle", lambda f: f"{f.cpu_idle:.3f}"), ("cpu_storm", lambda f: f"{f.cpu_storm:.3f}"),
@@ -329,9 +340,47 @@ class Bench:
         self.api.patch(f"/apis/genrm.io/v1alpha1/namespaces/{ns}/genrmpools/judge/scale",
                        {"spec": {"replicas": replicas}}, kind="merge-patch")
 
-    def scale_rs(self, replicas: int) -> None:
-        self.api.patch(f"/apis/apps/v1/namespaces/{RS_NAMESPACE}/deployments/rs/scale",
+    def scale_rs(self, replicas: int, namespace: str = RS_NAMESPACE) -> None:
+        self.api.patch(f"/apis/apps/v1/namespaces/{namespace}/deployments/rs/scale",
                        {"spec": {"replicas": replicas}}, kind="merge-patch")
+
+    def deployment_burst(self) -> list[Change]:
+        """As many Deployments as pools scaled out by one at once, ``rounds`` times, then to zero."""
+        namespaces = [f"{RS_NAMESPACE}-{i}" for i in range(len(self.pools))]
+        for ns in namespaces:
+            self.create_if_absent("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+            self.create_if_absent(f"/apis/apps/v1/namespaces/{ns}/deployments", deployment(ns))
+        changes: list[Change] = []
+        for replicas in range(1, self.rounds + 1):
+            def change(ns: str, n: int = replicas) -> Change:
+                sent = time.time()
+                self.scale_rs(n, ns)
+                return Change(ns, "burst", sent)
+            changes += list(self.pool.map(change, namespaces))
+            self.wait_deployments(set(namespaces), replicas)
+        list(self.pool.map(lambda ns: self.scale_rs(0, ns), namespaces))
+        return changes
+
+    def create_if_absent(self, path: str, body: JSON) -> None:
+        """Create, or keep what a smaller size of the same run created."""
+        try:
+            self.api.post(path, body)
+        except ApiError as err:
+            if err.status != 409:
+                raise
+
+    def wait_deployments(self, namespaces: set[str], replicas: int) -> None:
+        """Until every burst Deployment has its pods (created, not running: they pin to no node)."""
+        deadline = time.monotonic() + 120.0
+        while True:
+            items = self.api.get("/apis/apps/v1/deployments")["items"]
+            done = {d["metadata"]["namespace"] for d in items
+                    if (d.get("status") or {}).get("replicas") == replicas and d["spec"]["replicas"] == replicas}
+            if namespaces <= done:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"Deployments not scaled to {replicas}: {sorted(namespaces - done)[:5]}")
+            time.sleep(0.5)
 
     def wait_converged(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -392,10 +441,11 @@ class Bench:
         figures.sidecar_storm = (calls1b - calls1) / (t1 - t0)
         figures.rss = rss_mb(pid)
         self.scale_rs(0)
+        changes += self.deployment_burst()
         time.sleep(1.5)
         writes, _ = self.audit.operator_calls(t0, t1)
         figures.writes_storm = writes * 60 / (t1 - t0)
-        pool_changes = sum(1 for c in changes if c.kind != "rs")
+        pool_changes = sum(1 for c in changes if c.kind in ("out", "in"))
         figures.status_per_op = self.audit.status_writes(t0, t1 + 1.0) / max(1, pool_changes)
         self.reactions(figures, changes)
         figures.publish = self.watch.publish_overheads(t0)
@@ -427,14 +477,15 @@ class Bench:
                     continue
                 arrivals = [t for t in arrivals if t > arrival]
                 until = ns_changes[i + 1].sent if i + 1 < len(ns_changes) else math.inf
-                verb = {"out": "create", "in": "patch", "rs": "rs"}[change.kind]
+                verb = {"out": "create", "in": "patch", "rs": "rs", "burst": "rs"}[change.kind]
                 first = next((t for t in sorted(answers[(change.namespace, verb)]) if arrival <= t < until), None)
                 if first is None:
                     figures.missed += 1
                     continue
                 seconds = first - arrival
-                {"out": figures.react_out, "in": figures.react_in, "rs": figures.rs_react}[change.kind].append(seconds)
-                if change.kind != "rs":
+                {"out": figures.react_out, "in": figures.react_in, "rs": figures.rs_react,
+                 "burst": figures.rs_burst}[change.kind].append(seconds)
+                if change.kind in ("out", "in"):
                     figures.react.append(seconds)
 
     def drain_deletes(self, start: float, end: float) -> list[float]:
@@ -460,10 +511,10 @@ def _by_namespace(changes: list[Change]) -> dict[str, list[Change]]:
     return grouped
 
 
-def deployment() -> JSON:
+def deployment(namespace: str = RS_NAMESPACE) -> JSON:
     """Pods pinned to no node: only the ReplicaSet controller acts on a scale."""
     labels = {"app": "bench-rs"}
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "rs", "namespace": RS_NAMESPACE},
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "rs", "namespace": namespace},
             "spec": {"replicas": 0, "selector": {"matchLabels": labels}, "template": {
                 "metadata": {"labels": labels},
                 "spec": {"nodeSelector": {"genrm.io/bench": "nowhere"},
@@ -532,6 +583,7 @@ def main(argv: list[str] | None = None) -> int:
     if misses:
         print(f"note: {misses} scale changes without a matched answer in the audit log")
     largest = max(results, key=lambda f: (f.mode == "hollow", f.replicas))
+    print(largest.burst_line())
     print(largest.line())
     return 0
 

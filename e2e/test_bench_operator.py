@@ -19,6 +19,8 @@ LINE = re.compile(
     r"react_p99_s=(?P<react_p99_s>\S+) rs_react_p50_s=(?P<rs_react_p50_s>\S+) "
     r"publish_overhead_p50_s=(?P<publish_overhead_p50_s>\S+) publish_overhead_p99_s=(?P<publish_overhead_p99_s>\S+) "
     r"cpu_idle_cores=(?P<cpu_idle_cores>\S+) rss_mb=(?P<rss_mb>\S+) api_writes_per_min=(?P<api_writes_per_min>\S+)$")
+BURST = re.compile(r"^operator-bench-burst: deployments=(?P<deployments>\d+) "
+                   r"rs_burst_react_p50_s=(?P<p50>\S+) rs_burst_react_p99_s=(?P<p99>\S+)$")
 
 
 def test_bench_operator_smoke() -> None:
@@ -26,7 +28,10 @@ def test_bench_operator_smoke() -> None:
                            "--idle-seconds", "5", "--rounds", "1"],
                           cwd=REPO, env=os.environ, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    last = done.stdout.strip().splitlines()[-1]
+    burst, last = done.stdout.strip().splitlines()[-2:]
+    found = BURST.match(burst)
+    assert found, burst
+    assert found["deployments"] == "2" and 0 < float(found["p50"]) <= float(found["p99"]) < math.inf, burst
     match = LINE.match(last)
     assert match, last
     figures = {k: float(v) for k, v in match.groupdict().items()}

@@ -133,6 +133,16 @@ def reasons(plans: list[Plan]) -> list[str]:
     return [e.reason for p in plans for e in p.events]
 
 
+def phase_path(plans: list[Plan]) -> list[str]:
+    """The operation phases the plans wrote, each run of one phase once."""
+    path: list[str] = []
+    for p in plans:
+        phase = p.status.operation.phase if p.status.operation is not None else None
+        if phase is not None and path[-1:] != [phase]:
+            path.append(phase)
+    return path
+
+
 # ----- scale-out ------------------------------------------------------------------------------
 
 
@@ -140,11 +150,8 @@ def test_a_scale_out_goes_pending_provisioning_verifying_succeeded() -> None:
     world = converged_world(1)
     world.scale(3)
     run_until(world, world.converged)
-    phases = [e.reason for p in world.plans for e in p.events if e.reason.startswith("ScaleOut")]
-    assert phases == ["ScaleOutStarted", "ScaleOutProvisioning", "ScaleOutVerifying", "ScaleOutSucceeded"]
-    seen = [p.status.operation.phase for p in world.plans if p.status.operation is not None]
-    assert seen == sorted(seen, key=["Provisioning", "Verifying"].index)
-    assert {"Provisioning", "Verifying"} <= set(seen)
+    assert phase_path(world.plans) == ["Provisioning", "Verifying"]
+    assert reasons(world.plans) == ["ScaleOutStarted", "ReplicaPublished", "ReplicaPublished", "ScaleOutSucceeded"]
     started = next(e for p in world.plans for e in p.events if e.reason == "ScaleOutStarted")
     assert started.message == "op-2 ScaleOut 1->3"
     last = world.status.history[-1]
@@ -209,9 +216,8 @@ def test_a_scale_in_goes_unpublishing_fencing_draining_removing_succeeded_with_v
     run_until(world, world.converged)
     statuses += [p.status for p in world.plans[len(statuses) - 1:]]
 
-    events = [e.reason for p in world.plans for e in p.events if e.reason.startswith("ScaleIn")]
-    assert events == ["ScaleInStarted", "ScaleInUnpublishing", "ScaleInFencing", "ScaleInDraining",
-                      "ScaleInRemoving", "ScaleInSucceeded"]
+    assert phase_path(world.plans) == ["Unpublishing", "Fencing", "Draining", "Removing"]
+    assert reasons(world.plans) == ["ScaleInStarted", "VictimsSelected", "ScaleInSucceeded"]
     assert world.status.history[-1].reason == "TargetReached"
     assert sorted(world.pods) == ["judge-0"], "the replica with fewer requests in flight was removed"
     # Every drain, unpublish and delete names a victim that the previously written status recorded.

@@ -181,11 +181,16 @@ class _Step:
             self.act(DeletePod(pod.name, pod.uid, NEVER_SERVED_GRACE_SECONDS, pod.resource_version))
 
     def set_phase(self, op: Operation, phase: Phase, message: str = "") -> Operation:
-        """``op`` in ``phase`` (validated against its type), with an Event when the phase changes."""
+        """``op`` in ``phase`` (validated against its type).
+
+        A phase change posts no Event: the phase is in ``status.operation``, and the Events are
+        kept to what a user acts on (an operation started or ended, a replica published, victims
+        chosen, warnings), about one per action as Kubernetes' own controllers post. An Event per
+        phase was half of the operator's API writes in a scale storm.
+        """
         if op.phase == phase and op.message == message:
             return op
         if op.phase != phase:
-            self.emit(f"{op.type}{phase}", f"{op.id} {op.type} {op.from_}->{op.to}: {phase}. {message}".strip())
             return op.evolve(phase=phase, message=message, last_transition_time=stamp(self.now))
         return op.evolve(message=message)
 
