@@ -348,7 +348,8 @@ class Bench:
         """As many Deployments as pools scaled out by one at once, ``rounds`` times, then to zero."""
         namespaces = [f"{RS_NAMESPACE}-{i}" for i in range(len(self.pools))]
         for ns in namespaces:
-            self.create_if_absent("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+            self.create_if_absent("/api/v1/namespaces",
+                                  {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
             self.create_if_absent(f"/apis/apps/v1/namespaces/{ns}/deployments", deployment(ns))
         changes: list[Change] = []
         for replicas in range(1, self.rounds + 1):
