@@ -26,7 +26,9 @@ Figures:
 * cost: operator CPU idle and during the storm (cores), RSS (MB), API writes and reads per minute
   by the operator (audit: ``apiserver_request_total`` has no client label, so the audit log is
   where the API server says who wrote), pool status writes per pool scale change in the storm
-  (``st/op``, audit), sidecar calls per second (hollow server's count).
+  (``st/op``, audit), sidecar calls per second (the operator's own count of the requests it made to
+  sidecars, ``genrm_operator_sidecar_requests_total``, read from its ``/metrics``: the same figure
+  for real and hollow replicas).
 
 Run from the repository root: ``python -m e2e.bench_operator --hollow --sizes 10x5,50x20``.
 The last line is ``operator-bench: pools=P replicas=R react_p50_s= ...`` for the largest size.
@@ -44,6 +46,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -52,6 +55,8 @@ from pathlib import Path
 
 from genrm_cluster.cluster import LocalCluster
 from genrm_cluster.kubeapi import JSON, ApiError, KubeAPI
+from genrm_operator.shell.metrics import SIDECAR_REQUESTS
+from prometheus_client.parser import text_string_to_metric_families
 
 from .harness import REPO, Cluster, OperatorProcess, pool_manifest
 
@@ -67,6 +72,8 @@ AUDIT_POLICY = {
         {"level": "None"},
     ],
 }
+SIDECAR_CALLS = SIDECAR_REQUESTS.describe()[0].name
+"""The operator's counter of its requests to sidecars (the family name, without ``_total``)."""
 WRITES = {"create", "update", "patch", "delete", "deletecollection"}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -316,8 +323,12 @@ class Bench:
         return self.operator.proc.pid
 
     def sidecar_calls(self) -> float:
-        agent = self.local.agent
-        return float(agent.hollow.stats()["total"]) if agent.hollow is not None else math.nan
+        """Requests the operator has made to sidecars so far (its counter, every call and code)."""
+        url = f"http://127.0.0.1:{self.operator.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        return sum(sample.value for family in text_string_to_metric_families(text) if family.name == SIDECAR_CALLS
+                   for sample in family.samples if sample.name == f"{SIDECAR_CALLS}_total")
 
     def resize(self, pools: int, per_pool: int) -> float:
         """Bring the pools to ``pools`` of ``per_pool`` replicas; seconds until all serve."""

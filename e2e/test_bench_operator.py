@@ -39,3 +39,8 @@ def test_bench_operator_smoke() -> None:
     assert all(math.isfinite(v) and v >= 0 for v in figures.values()), last
     for positive in ("react_p50_s", "react_p99_s", "rs_react_p50_s", "publish_overhead_p50_s", "rss_mb"):
         assert figures[positive] > 0, last
+    # The table's sidecar calls come from the operator's own counter: a storm drains, probes and polls.
+    lines = done.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:1] == ["mode"])
+    row = dict(zip(lines[header].split(), lines[header + 1].split(), strict=True))
+    assert row["PxR"] == "2x2" and 0 < float(row["sc/s_storm"]) < math.inf, lines[header:header + 2]

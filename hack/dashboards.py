@@ -197,7 +197,11 @@ POOL_OVERVIEW = Dashboard(
             Panel("Reconcile duration", "Median and 99th percentile duration of one reconcile step.", "s",
                   _quantiles("genrm_operator_reconcile_duration_seconds", POOL, "pool", "{{pool}}")),
             Panel("Active pools", "Pools with a running reconciler, per operator pod.", "short",
-                  (Target("sum by (pod) (genrm_operator_active_pools)", "{{pod}}"),), width=WIDTH),
+                  (Target("sum by (pod) (genrm_operator_active_pools)", "{{pod}}"),)),
+            Panel("Sidecar requests", "Requests the operator makes to replica sidecars (state long polls, drains, "
+                  "verification probes), per second, by call and answer code; operator-wide.", "reqps",
+                  (Target(f"sum by (call, code) (rate(genrm_operator_sidecar_requests_total[{RATE}]))",
+                          "{{call}} {{code}}"),)),
         )),
     ),
 )

@@ -29,6 +29,8 @@ DASHBOARDS = sorted(DASHBOARD_DIR.glob("*.json"))
 # Grafana's interval variables, replaced by a duration so the expression parses as Prometheus sees it.
 GRAFANA_INTERVALS = re.compile(r"\$__(rate_interval|interval|range)")
 COUNTER_FUNCTIONS = ("rate", "increase", "irate")
+OPERATOR_WIDE = {"genrm_operator_active_pools", "genrm_operator_sidecar_requests_total"}
+"""Series of the operator as a whole, not of one pool."""
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "summary": ("_sum", "_count")}
 
 
@@ -150,8 +152,8 @@ class TestDashboard:
         names = {v["name"] for v in dashboard["templating"]["list"]} - {"datasource"}
         for expr in expressions(dashboard):
             for selector in selectors(parse(expr)):
-                if selector.name == "genrm_operator_active_pools":
-                    continue  # an operator-wide gauge: it has no namespace or pool label
+                if selector.name in OPERATOR_WIDE:
+                    continue  # no namespace or pool label
                 labels = {m.name for m in selector.matchers.matchers}
                 assert names <= labels, f"{selector.name} in {expr!r} misses {names - labels}"
 

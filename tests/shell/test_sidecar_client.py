@@ -4,7 +4,8 @@ Aspects under test: the state long poll sends the known version and the wait, wi
 token, and gives up (``None``, unknown) when the answer is later than the wait allows; a drain's
 answer is the state it led to, and a refusal or a broken answer is ``None``; connections are kept
 alive per address (each address's requests arrive on one connection) and several addresses are
-served at once; no request leaves reference cycles behind for the garbage collector.
+served at once; no request leaves reference cycles behind for the garbage collector; every request
+is counted once, by call and answer code, in ``genrm_operator_sidecar_requests_total``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 from genrm_contract.sidecar import DrainRequest, DrainState, EngineReport, Phase, StateDocument
-from genrm_operator.shell.sidecar import STATE_SECONDS, Endpoint, SidecarClient
+from genrm_operator.api.spec import VerificationSpec
+from genrm_operator.shell.sidecar import DEFAULT_PROBES, STATE_SECONDS, Endpoint, SidecarClient
+from prometheus_client import REGISTRY
 
 STATE = StateDocument(state=DrainState.SERVING, drain_id=None, inflight=0, admitted_total=0, completed_total=0,
                       refused_total=0, engine=EngineReport(up=True, healthy=True, running_requests=0,
@@ -110,3 +113,30 @@ async def test_connections_are_kept_per_address_and_requests_leave_no_cycles(
             assert len({peer for peer, *_ in stand_in.seen}) == 1, "one kept-alive connection per address"
     finally:
         await client.close()
+
+
+def requests_counted(call: str, code: str) -> float:
+    return REGISTRY.get_sample_value("genrm_operator_sidecar_requests_total", {"call": call, "code": code}) or 0.0
+
+
+async def test_every_request_is_counted_once_by_call_and_code(sidecars: list[tuple[StandIn, Endpoint]]) -> None:
+    (stand_in, ep), _ = sidecars
+    labels = [("state", "200"), ("drain", "200"), ("drain", "409"), ("state", "error"), ("probe", "200")]
+    before = {key: requests_counted(*key) for key in labels}
+    client = SidecarClient()
+    try:
+        await client.state(ep, 3, 0.0)
+        await client.state(ep)
+        await client.drain(ep, DrainRequest(drain_id="d-1", phase=Phase.SOFT, quiet_seconds=1))
+        stand_in.drain_status = 409
+        await client.drain(ep, DrainRequest(drain_id="d-1", phase=Phase.SOFT, quiet_seconds=1))
+        stand_in.delay = STATE_SECONDS + 0.3
+        assert await client.state(ep) is None  # the answer came too late: a failed call, no code
+        stand_in.delay = 0.0
+        probed = Endpoint(ep.ip, ep.control_port, ep.control_port, ep.token)  # the stand-in serves both ports' routes
+        assert len(await client.answers(probed, VerificationSpec())) == len(DEFAULT_PROBES)
+    finally:
+        await client.close()
+    counted = {key: requests_counted(*key) - before[key] for key in labels}
+    assert counted == {("state", "200"): 2, ("drain", "200"): 1, ("drain", "409"): 1, ("state", "error"): 1,
+                       ("probe", "200"): 1 + len(DEFAULT_PROBES)}  # /model_info, then each probe

@@ -19,6 +19,10 @@ RECONCILE_ERRORS = Counter("genrm_operator_reconcile_errors_total", "Reconcile s
 RECONCILE_SECONDS = Histogram("genrm_operator_reconcile_duration_seconds", "Duration of one reconcile step.",
                               ["namespace", "pool"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
 ACTIVE_POOLS = Gauge("genrm_operator_active_pools", "Pools with a running reconciler (kopf daemon).")
+SIDECAR_REQUESTS = Counter("genrm_operator_sidecar_requests_total",
+                           "HTTP requests the operator made to replica sidecars, by call (state, drain, undrain, "
+                           "probe) and code (the HTTP status, or error when no answer came).", ["call", "code"])
+"""Operator-wide, not per pool: what the operator costs the sidecars in all (issue: sidecar calls per second)."""
 REPLICAS = Gauge("genrm_pool_replicas", "Replicas of a pool by state.", ["namespace", "pool", "state"])
 OPERATIONS = Counter("genrm_pool_operations_total", "Finished scale operations.",
                      ["namespace", "pool", "type", "outcome"])

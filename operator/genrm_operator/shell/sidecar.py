@@ -36,6 +36,7 @@ from pydantic import ValidationError
 
 from ..api.spec import ProbeRequest, VerificationSpec
 from ..core.model import SidecarView
+from . import metrics
 
 log = logging.getLogger(__name__)
 STATE_SECONDS = 2.0
@@ -50,6 +51,28 @@ DEFAULT_PROBES = (
     ProbeRequest(prompt="Score this proof step for correctness (0-1): 'If n is even then n^2 is even.'",
                  max_new_tokens=32),
 )
+
+
+CALLS = {STATE_PATH: "state", DRAIN_PATH: "drain", UNDRAIN_PATH: "undrain"}
+"""The ``call`` label of each control route; anything else is a verification probe (``probe``)."""
+
+
+def counted() -> aiohttp.TraceConfig:
+    """Counts every request the session makes, once, when it ends (`metrics.SIDECAR_REQUESTS`).
+
+    A hook on the session rather than a line at each call site: a call added later is counted too,
+    and a long poll is counted when its answer (or its failure) comes, not when it starts."""
+    trace = aiohttp.TraceConfig()
+
+    async def answered(_: aiohttp.ClientSession, __: object, params: aiohttp.TraceRequestEndParams) -> None:
+        metrics.SIDECAR_REQUESTS.labels(CALLS.get(params.url.path, "probe"), str(params.response.status)).inc()
+
+    async def failed(_: aiohttp.ClientSession, __: object, params: aiohttp.TraceRequestExceptionParams) -> None:
+        metrics.SIDECAR_REQUESTS.labels(CALLS.get(params.url.path, "probe"), "error").inc()
+
+    trace.on_request_end.append(answered)
+    trace.on_request_exception.append(failed)
+    return trace
 
 
 @dataclass(frozen=True)
@@ -101,7 +124,8 @@ class SidecarClient:
         if self._session is None:
             # No limit: every replica's long poll holds a connection of its own.
             connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_SECONDS)
-            self._session = aiohttp.ClientSession(connector=connector, timeout=timeout(STATE_SECONDS))
+            self._session = aiohttp.ClientSession(connector=connector, timeout=timeout(STATE_SECONDS),
+                                                  trace_configs=[counted()])
         return self._session
 
     async def close(self) -> None:
