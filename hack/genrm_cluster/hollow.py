@@ -28,7 +28,9 @@ pod IP that speaks the drain protocol of `genrm_contract.sidecar`. So:
 * Not emulated: the bearer token is only required to be present, and there is no engine load.
 
 Admin routes (``/hollow/...`` on the control port) register and forget replicas and report
-readiness and call counts (the benchmark's "sidecar calls per second").
+readiness and when each replica became Drained (the benchmark's drained→delete). The benchmark's
+sidecar calls are the operator's own count (``genrm_operator_sidecar_requests_total``), so real and
+hollow replicas are measured alike.
 """
 
 from __future__ import annotations
@@ -46,7 +48,6 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -234,7 +235,6 @@ class HollowServer:
         self.forgotten: set[str] = set()
         self.drained_at: dict[str, float] = {}
         """Wall time each replica (by address) became Drained, kept after it is forgotten."""
-        self.calls: Counter[str] = Counter()
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Callable[[], Awaitable[Any]],
                        send: Callable[[Any], Awaitable[None]]) -> None:
@@ -252,7 +252,6 @@ class HollowServer:
         replica = self.replicas.get(local)
         if (replica is not None and port == self.control_port and scope["path"] == STATE_PATH
                 and VERSION_PARAM in query and headers.get("authorization", "").startswith("Bearer ")):
-            self.calls[f"control {scope['method']} {STATE_PATH}?wait"] += 1
             if (poll := long_poll(query)) is None:
                 code, payload, extra = _refuse(400, "badRequest", f"{VERSION_PARAM} must be an integer >= 0 and "
                                                f"{WAIT_PARAM} a number of seconds from 0 to {MAX_WAIT_SECONDS}")
@@ -272,10 +271,7 @@ class HollowServer:
             return _refuse(503, "engineDown", f"no hollow replica at {local}")
         now = time.monotonic()
         if port == self.control_port:
-            if path != READY_PATH:
-                self.calls[f"control {method} {path}"] += 1
             return self.control(replica, method, path, headers, body, now)
-        self.calls[f"traffic {method} {path}"] += 1
         return self.traffic(replica, method, path, body, now)
 
     def control(self, replica: HollowReplica, method: str, path: str, headers: dict[str, str], body: bytes,
@@ -360,8 +356,7 @@ class HollowServer:
         if path == "/stats":
             drained = {**self.drained_at, **{a: r.drained_at for a, r in self.replicas.items()
                                              if r.current(now) is DrainState.DRAINED}}
-            return _json(200, {"calls": dict(self.calls), "total": sum(self.calls.values()),
-                               "replicas": len(self.replicas), "drainedAt": drained})
+            return _json(200, {"replicas": len(self.replicas), "drainedAt": drained})
         return _refuse(404, "notFound", "no such admin route")
 
 
