@@ -20,6 +20,11 @@ Figures:
   the API server's audit log (microsecond timestamps, the client named by its user agent: the
   operator's kube client sends ``genrm-operator``, kopf ``kopf/<version>``); the same for the
   Deployment burst (``rs_burst``, printed on its own line before the last);
+* where a pool's reaction time goes (``operator-bench-split:``, after each size's row and before
+  the burst line): the scale request inside the API server, its delivery to a watch of the pools
+  (the benchmark's own, which sees a version when the operator's does), the operator's own part up
+  to its first request for that pool, and the status write that records the decision before the
+  create or unpublish; medians, and means over the slowest tenth of the reactions;
 * publish overhead: pod Ready (the kubelet's report of the sidecar's readiness) to the published
   label, both as a watch shows them; drain overhead (hollow only): the replica's Drained instant
   (the hollow server's clock) to the operator's pod delete (audit);
@@ -42,13 +47,14 @@ import json
 import math
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import threading
 import time
 import urllib.request
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +80,12 @@ AUDIT_POLICY = {
 }
 SIDECAR_CALLS = SIDECAR_REQUESTS.describe()[0].name
 """The operator's counter of its requests to sidecars (the family name, without ``_total``)."""
+SPLIT = ("react", "api", "delivery", "operator", "write")
+"""A pool's reaction time (``react``) as the sum of: the scale request inside the API server, from its
+arrival to its answer (``api``); from that answer to a watch of the pools showing the new replicas
+(``delivery``: the API server's watch cache sending it out); from there to the operator's first
+request for that pool (``operator``: its watch, queue and decision); from that request to the pod
+create or unpublish (``write``: the status write that records the decision first, when there is one)."""
 WRITES = {"create", "update", "patch", "delete", "deletecollection"}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -103,6 +115,7 @@ class Audit:
             for line in data[:end].splitlines():
                 event = json.loads(line)
                 event["t"] = stamp(event["requestReceivedTimestamp"])
+                event["answered"] = stamp(event["stageTimestamp"])
                 self.events.append(event)
         return self.events
 
@@ -136,6 +149,40 @@ def rss_mb(pid: int) -> float:
 
 
 @dataclass
+class Watch:
+    """One kind of object as a watch shows it, each version handed to ``see`` with its arrival time."""
+
+    api: KubeAPI
+    path: str
+    params: dict[str, str]
+    see: Callable[[JSON, float], None]
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> None:
+        threading.Thread(target=self._loop, name=f"bench-watch{self.path.replace('/', '-')}", daemon=True).start()
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            try:
+                listing = self.api.get(self.path, params=self.params)
+                for item in listing["items"]:
+                    self.see(item, time.time())
+                rv = listing["metadata"]["resourceVersion"]
+                for event in self.api.watch(self.path, rv, self.params, timeout_seconds=300):
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        self.see(event["object"], time.time())
+                    if self.stop.is_set():
+                        return
+            except (ApiError, OSError, ValueError, KeyError) as err:
+                print(f"watch of {self.path} restarting: {err}", file=sys.stderr)
+                time.sleep(0.5)
+            except Exception as err:  # httpx errors
+                if not self.stop.is_set():
+                    print(f"watch of {self.path} restarting: {err}", file=sys.stderr)
+                    time.sleep(0.5)
+
+
+@dataclass
 class PodWatch:
     """Pods of the pools as a watch shows them: when each became Ready, published, and its IP."""
 
@@ -143,31 +190,9 @@ class PodWatch:
     ready_at: dict[str, float] = field(default_factory=dict)
     published_at: dict[str, float] = field(default_factory=dict)
     ip_of: dict[str, str] = field(default_factory=dict)  # "ns/name" -> pod IP
-    stop: threading.Event = field(default_factory=threading.Event)
 
-    def start(self) -> None:
-        threading.Thread(target=self._loop, name="bench-pod-watch", daemon=True).start()
-
-    def _loop(self) -> None:
-        params = {"labelSelector": "genrm.io/pool"}
-        while not self.stop.is_set():
-            try:
-                listing = self.api.get("/api/v1/pods", params=params)
-                for pod in listing["items"]:
-                    self._see(pod, time.time())
-                rv = listing["metadata"]["resourceVersion"]
-                for event in self.api.watch("/api/v1/pods", rv, params, timeout_seconds=300):
-                    if event["type"] in ("ADDED", "MODIFIED"):
-                        self._see(event["object"], time.time())
-                    if self.stop.is_set():
-                        return
-            except (ApiError, OSError, ValueError, KeyError) as err:
-                print(f"pod watch restarting: {err}", file=sys.stderr)
-                time.sleep(0.5)
-            except Exception as err:  # httpx errors
-                if not self.stop.is_set():
-                    print(f"pod watch restarting: {err}", file=sys.stderr)
-                    time.sleep(0.5)
+    def __post_init__(self) -> None:
+        self.watch = Watch(self.api, "/api/v1/pods", {"labelSelector": "genrm.io/pool"}, self._see)
 
     def _see(self, pod: JSON, now: float) -> None:
         meta, status = pod["metadata"], pod.get("status") or {}
@@ -187,12 +212,33 @@ class PodWatch:
 
 
 @dataclass
+class PoolWatch:
+    """When a watch of the pools showed each pool's ``spec.replicas`` values: the API server's delivery
+    of a scale to its watchers, which the operator's own watch gets at the same moment (measured
+    beside the operator's: a few milliseconds apart), so reaction time can be split at it."""
+
+    api: KubeAPI
+    seen: dict[str, list[tuple[float, int]]] = field(default_factory=lambda: defaultdict(list))
+
+    def __post_init__(self) -> None:
+        self.watch = Watch(self.api, "/apis/genrm.io/v1alpha1/genrmpools", {}, self._see)
+
+    def _see(self, pool: JSON, now: float) -> None:
+        self.seen[pool["metadata"]["namespace"]].append((now, int(pool["spec"].get("replicas", 0))))
+
+    def delivered(self, namespace: str, replicas: int, after: float) -> float | None:
+        """When the watch first showed ``replicas`` in the pool at or after ``after``."""
+        return next((t for t, r in list(self.seen[namespace]) if t >= after and r == replicas), None)
+
+
+@dataclass
 class Change:
     """One scale request of the benchmark: where, which way, answered by whom."""
 
     namespace: str
     kind: str  # "out", "in", "rs" (the Deployment beside the storm) or "burst" (the Deployment burst)
     sent: float  # wall time just before sending (the audit's arrival time replaces it)
+    replicas: int = 0  # what it scaled to (pools: where the pool watch shows it delivered)
 
 
 def pct(values: Sequence[float], q: float) -> float:
@@ -214,6 +260,8 @@ class Figures:
     react: list[float] = field(default_factory=list)
     react_out: list[float] = field(default_factory=list)
     react_in: list[float] = field(default_factory=list)
+    split: dict[str, list[float]] = field(default_factory=lambda: {part: [] for part in SPLIT})
+    """The pools' reactions split at the scale's commit, its delivery to a watch and the operator's first request."""
     rs_react: list[float] = field(default_factory=list)
     rs_burst: list[float] = field(default_factory=list)
     publish: list[float] = field(default_factory=list)
@@ -241,6 +289,16 @@ class Figures:
                 f"publish_overhead_p50_s={pct(self.publish, .5):.3f} "
                 f"publish_overhead_p99_s={pct(self.publish, .99):.3f} "
                 f"cpu_idle_cores={self.cpu_idle:.3f} rss_mb={self.rss:.0f} api_writes_per_min={self.writes_idle:.1f}")
+
+    def split_line(self) -> str:
+        """Where the pools' reaction time goes: median, and the mean over the slowest tenth of reactions."""
+        order = sorted(range(len(self.split["react"])), key=self.split["react"].__getitem__)
+        slowest = order[len(order) - max(1, len(order) // 10):] if order else []
+        parts = [f"reactions={len(order)}"]
+        parts += [f"{part}_p50_s={pct(self.split[part], .5):.3f}" for part in SPLIT[1:]]
+        parts += [f"slowest_tenth_{part}_s={statistics.fmean(self.split[part][i] for i in slowest):.3f}"
+                  if slowest else f"slowest_tenth_{part}_s=nan" for part in SPLIT]
+        return "operator-bench-split: " + " ".join(parts)
 
     def burst_line(self) -> str:
         """The ReplicaSet controller answering a burst of as many Deployment scales as there are pools."""
@@ -297,7 +355,8 @@ class Bench:
         self.idle_s, self.rounds = idle_s, rounds
         cp = local.control_plane
         self.api = KubeAPI(cp.server, cp.pki.ca.cert, *self._admin_pair(work))
-        self.watch = PodWatch(KubeAPI(cp.server, cp.pki.ca.cert, *self._admin_pair(work)))
+        self.pod_watch = PodWatch(KubeAPI(cp.server, cp.pki.ca.cert, *self._admin_pair(work)))
+        self.pool_watch = PoolWatch(KubeAPI(cp.server, cp.pki.ca.cert, *self._admin_pair(work)))
         self.operator = OperatorProcess(self.cluster.kubeconfig, work)
         self.pools: dict[str, int] = {}  # namespace -> replicas
         self.pool = ThreadPoolExecutor(16)
@@ -309,11 +368,13 @@ class Bench:
     def start(self) -> None:
         self.cluster.kubectl("create", "namespace", RS_NAMESPACE)
         self.cluster.kubectl("apply", "-f", "-", input=json.dumps(deployment()))
-        self.watch.start()
+        self.pod_watch.watch.start()
+        self.pool_watch.watch.start()
         self.operator.start()
 
     def stop(self) -> None:
-        self.watch.stop.set()
+        self.pod_watch.watch.stop.set()
+        self.pool_watch.watch.stop.set()
         self.operator.stop()
         self.pool.shutdown()
 
@@ -436,7 +497,7 @@ class Bench:
                 def change(ns: str, kind: str = direction, d: int = delta) -> Change:
                     sent = time.time()
                     self.scale_pool(ns, self.pools[ns] + d)
-                    return Change(ns, kind, sent)
+                    return Change(ns, kind, sent, self.pools[ns] + d)
                 futures = [self.pool.submit(change, ns) for ns in self.pools]
                 for _ in range(3):
                     rs_replicas += 1
@@ -460,20 +521,22 @@ class Bench:
         pool_changes = sum(1 for c in changes if c.kind in ("out", "in"))
         figures.status_per_op = self.audit.status_writes(t0, t1 + 1.0) / max(1, pool_changes)
         self.reactions(figures, changes)
-        figures.publish = self.watch.publish_overheads(t0)
+        figures.publish = self.pod_watch.publish_overheads(t0)
         figures.drain_delete = self.drain_deletes(t0, t1)
         return figures
 
     def reactions(self, figures: Figures, changes: list[Change]) -> None:
         events = self.audit.read()
-        scales: dict[str, list[float]] = defaultdict(list)
+        scales: dict[str, list[tuple[float, float]]] = defaultdict(list)  # arrival, answer
         for e in events:
             ref = e.get("objectRef") or {}
             if e["verb"] == "patch" and ref.get("subresource") == "scale" and not Audit.by_operator(e):
-                scales[ref.get("namespace", "")].append(e["t"])
+                scales[ref.get("namespace", "")].append((e["t"], e["answered"]))
         answers: dict[tuple[str, str], list[float]] = defaultdict(list)
         for e in events:
             ref = e.get("objectRef") or {}
+            if Audit.by_operator(e) and e["verb"] in WRITES:
+                answers[(ref.get("namespace", ""), "any")].append(e["t"])
             if ref.get("resource") != "pods" or ref.get("subresource"):
                 continue
             if Audit.by_operator(e) and e["verb"] in ("create", "patch"):
@@ -481,13 +544,13 @@ class Bench:
             elif e.get("user", {}).get("username") == RS_USER and e["verb"] == "create":
                 answers[(ref.get("namespace", ""), "rs")].append(e["t"])
         for ns_changes in _by_namespace(changes).values():
-            arrivals = sorted(t for t in scales[ns_changes[0].namespace] if t >= ns_changes[0].sent - 1.0)
+            arrivals = sorted(a for a in scales[ns_changes[0].namespace] if a[0] >= ns_changes[0].sent - 1.0)
             for i, change in enumerate(ns_changes):
-                arrival = next((t for t in arrivals if t >= change.sent - 0.05), None)
+                arrival, answered = next((a for a in arrivals if a[0] >= change.sent - 0.05), (None, math.inf))
                 if arrival is None:
                     figures.missed += 1
                     continue
-                arrivals = [t for t in arrivals if t > arrival]
+                arrivals = [a for a in arrivals if a[0] > arrival]
                 until = ns_changes[i + 1].sent if i + 1 < len(ns_changes) else math.inf
                 verb = {"out": "create", "in": "patch", "rs": "rs", "burst": "rs"}[change.kind]
                 first = next((t for t in sorted(answers[(change.namespace, verb)]) if arrival <= t < until), None)
@@ -499,6 +562,19 @@ class Bench:
                  "burst": figures.rs_burst}[change.kind].append(seconds)
                 if change.kind in ("out", "in"):
                     figures.react.append(seconds)
+                    self.split(figures, change, arrival, answered, first, answers[(change.namespace, "any")])
+
+    def split(self, figures: Figures, change: Change, arrival: float, answered: float, action: float,
+              requests: list[float]) -> None:
+        """One pool reaction cut at the scale's answer, its delivery to the pool watch and the operator's
+        first request after that answer (`SPLIT`); left out when the watch did not show it."""
+        delivered = self.pool_watch.delivered(change.namespace, change.replicas, answered - 0.005)
+        first = next((t for t in sorted(requests) if answered <= t <= action), None)
+        if delivered is None or first is None:
+            return
+        for part, seconds in zip(SPLIT, (action - arrival, answered - arrival, delivered - answered,
+                                         first - delivered, action - first), strict=True):
+            figures.split[part].append(seconds)
 
     def drain_deletes(self, start: float, end: float) -> list[float]:
         agent = self.local.agent
@@ -510,7 +586,7 @@ class Bench:
             ref = e.get("objectRef") or {}
             if (Audit.by_operator(e) and e["verb"] == "delete" and ref.get("resource") == "pods"
                     and start <= e["t"] < end + 5):
-                address = self.watch.ip_of.get(f"{ref.get('namespace')}/{ref.get('name')}")
+                address = self.pod_watch.ip_of.get(f"{ref.get('namespace')}/{ref.get('name')}")
                 if address and drained.get(address):
                     out.append(e["t"] - drained[address])
         return out
@@ -560,12 +636,13 @@ def run(hollow: bool, sizes: list[tuple[int, int]], idle_s: float, rounds: int, 
                     figures = bench.measure(pools, per_pool)
                     results.append(figures)
                     print(table([figures]).splitlines()[1], flush=True)
+                    print(figures.split_line(), flush=True)
             finally:
                 bench.stop()
                 if keep is not None:
                     keep.mkdir(parents=True, exist_ok=True)
                     mode = "hollow" if hollow else "real"
-                    for log in (audit.path, bench.operator.log_path):
+                    for log in (audit.path, bench.operator.log_path, *local.control_plane.logs.values()):
                         if log.exists():
                             shutil.copy(log, keep / f"{mode}-{log.name}")
     return results
@@ -579,7 +656,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--real", action="store_true", help="real simulator pods only")
     parser.add_argument("--idle-seconds", type=float, default=float(os.environ.get("IDLE_SECONDS", 30)))
     parser.add_argument("--rounds", type=int, default=int(os.environ.get("ROUNDS", 2)))
-    parser.add_argument("--keep", type=Path, help="copy the API server's audit log and the operator's log here")
+    parser.add_argument("--keep", type=Path,
+                        help="copy the API server's audit log, the operator's log and the control plane's logs here")
     args = parser.parse_args(argv)
     os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
     modes = [True] if args.hollow else [False] if args.real else [False, True]
@@ -595,6 +673,7 @@ def main(argv: list[str] | None = None) -> int:
     if misses:
         print(f"note: {misses} scale changes without a matched answer in the audit log")
     largest = max(results, key=lambda f: (f.mode == "hollow", f.replicas))
+    print(largest.split_line())
     print(largest.burst_line())
     print(largest.line())
     return 0

@@ -19,6 +19,7 @@ LINE = re.compile(
     r"react_p99_s=(?P<react_p99_s>\S+) rs_react_p50_s=(?P<rs_react_p50_s>\S+) "
     r"publish_overhead_p50_s=(?P<publish_overhead_p50_s>\S+) publish_overhead_p99_s=(?P<publish_overhead_p99_s>\S+) "
     r"cpu_idle_cores=(?P<cpu_idle_cores>\S+) rss_mb=(?P<rss_mb>\S+) api_writes_per_min=(?P<api_writes_per_min>\S+)$")
+SPLIT = re.compile(r"^operator-bench-split: reactions=(?P<reactions>\d+) (?P<parts>(?:\w+_s=\S+ ?)+)$")
 BURST = re.compile(r"^operator-bench-burst: deployments=(?P<deployments>\d+) "
                    r"rs_burst_react_p50_s=(?P<p50>\S+) rs_burst_react_p99_s=(?P<p99>\S+)$")
 
@@ -28,7 +29,15 @@ def test_bench_operator_smoke() -> None:
                            "--idle-seconds", "5", "--rounds", "1"],
                           cwd=REPO, env=os.environ, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    burst, last = done.stdout.strip().splitlines()[-2:]
+    split, burst, last = done.stdout.strip().splitlines()[-3:]
+    # Two pools, out and in once: four reactions, each cut into parts that add up to it.
+    cut = SPLIT.match(split)
+    assert cut and cut["reactions"] == "4", split
+    parts = {k: float(v) for k, v in (p.split("=") for p in cut["parts"].split())}
+    assert all(math.isfinite(v) for v in parts.values()), split
+    assert parts["api_p50_s"] > 0 and parts["delivery_p50_s"] >= 0 and parts["slowest_tenth_react_s"] > 0, split
+    slowest = sum(parts[f"slowest_tenth_{p}_s"] for p in ("api", "delivery", "operator", "write"))
+    assert abs(slowest - parts["slowest_tenth_react_s"]) < 0.005, split
     found = BURST.match(burst)
     assert found, burst
     assert found["deployments"] == "2" and 0 < float(found["p50"]) <= float(found["p99"]) < math.inf, burst
