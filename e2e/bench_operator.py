@@ -83,7 +83,7 @@ SIDECAR_CALLS = SIDECAR_REQUESTS.describe()[0].name
 SPLIT = ("react", "api", "delivery", "operator", "write")
 """A pool's reaction time (``react``) as the sum of: the scale request inside the API server, from its
 arrival to its answer (``api``); from that answer to a watch of the pools showing the new replicas
-(``delivery``: the API server's watch cache sending it out); from there to the operator's first
+(``delivery``: etcd and the API server bringing it to watchers); from there to the operator's first
 request for that pool (``operator``: its watch, queue and decision); from that request to the pod
 create or unpublish (``write``: the status write that records the decision first, when there is one)."""
 WRITES = {"create", "update", "patch", "delete", "deletecollection"}
@@ -261,7 +261,7 @@ class Figures:
     react_out: list[float] = field(default_factory=list)
     react_in: list[float] = field(default_factory=list)
     split: dict[str, list[float]] = field(default_factory=lambda: {part: [] for part in SPLIT})
-    """The pools' reactions split at the scale's commit, its delivery to a watch and the operator's first request."""
+    """The pools' reactions split at the scale's answer, its delivery to a watch and the operator's first request."""
     rs_react: list[float] = field(default_factory=list)
     rs_burst: list[float] = field(default_factory=list)
     publish: list[float] = field(default_factory=list)
