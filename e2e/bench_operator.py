@@ -33,7 +33,10 @@ Figures:
   where the API server says who wrote), pool status writes per pool scale change in the storm
   (``st/op``, audit), sidecar calls per second (the operator's own count of the requests it made to
   sidecars, ``genrm_operator_sidecar_requests_total``, read from its ``/metrics``: the same figure
-  for real and hollow replicas).
+  for real and hollow replicas);
+* status write cost (``operator-bench-write:``, after each mode's sizes): the API server's CPU per
+  pool status write as the operator sends it (a PUT of the status alone) beside a merge patch of
+  only what changed, alternated on one pool with the operator stopped (`Bench.write_cost`).
 
 Run from the repository root: ``python -m e2e.bench_operator --hollow --sizes 10x5,50x20``.
 The last line is ``operator-bench: pools=P replicas=R react_p50_s= ...`` for the largest size.
@@ -61,6 +64,7 @@ from pathlib import Path
 
 from genrm_cluster.cluster import LocalCluster
 from genrm_cluster.kubeapi import JSON, ApiError, KubeAPI
+from genrm_operator.shell.kube import status_update
 from genrm_operator.shell.metrics import SIDECAR_REQUESTS
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -87,6 +91,8 @@ arrival to its answer (``api``); from that answer to a watch of the pools showin
 request for that pool (``operator``: its watch, queue and decision); from that request to the pod
 create or unpublish (``write``: the status write that records the decision first, when there is one)."""
 WRITES = {"create", "update", "patch", "delete", "deletecollection"}
+WRITE_ROUNDS = 6
+"""Rounds of each way of writing a pool's status in `Bench.write_cost`, alternated."""
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -576,6 +582,39 @@ class Bench:
                                          first - delivered, action - first), strict=True):
             figures.split[part].append(seconds)
 
+    def write_cost(self, writes: int) -> str:
+        """The API server's CPU per pool status write, the operator's way (a PUT of the status alone:
+        `status_update`) beside a merge patch of only what changed, the way it wrote before.
+
+        ``writes`` of each way per round, alternated for `WRITE_ROUNDS` rounds on one pool of the
+        last size, with the operator stopped so that nothing else writes; each write changes one
+        condition's message, as a step that only reports does. Printed as each way's median round in
+        milliseconds of the API server's CPU, and their ratio."""
+        self.operator.stop()
+        path = "/apis/genrm.io/v1alpha1/namespaces/bench-0/genrmpools/judge/status"
+        pid = self.local.control_plane.pid("kube-apiserver")
+        pool = self.api.get(path)
+
+        def put(pool: JSON, status: JSON) -> JSON:
+            return self.api.request("PUT", path, status_update(pool, status))
+
+        def merge_patch(pool: JSON, status: JSON) -> JSON:
+            body = {"metadata": {"resourceVersion": pool["metadata"]["resourceVersion"]},
+                    "status": {"conditions": status["conditions"]}}
+            return self.api.patch(path, body, kind="merge-patch")
+
+        cost: dict[str, list[float]] = {"put": [], "merge_patch": []}
+        for _ in range(WRITE_ROUNDS):
+            for way, write in (("put", put), ("merge_patch", merge_patch)):
+                cpu0 = cpu_seconds(pid)
+                for i in range(writes):
+                    first, *rest = pool["status"]["conditions"]
+                    pool = write(pool, {**pool["status"], "conditions": [{**first, "message": f"write {i}"}, *rest]})
+                cost[way].append((cpu_seconds(pid) - cpu0) * 1000 / writes)
+        put_ms, patch_ms = statistics.median(cost["put"]), statistics.median(cost["merge_patch"])
+        return (f"operator-bench-write: writes={2 * writes * WRITE_ROUNDS} put_cpu_ms={put_ms:.2f} "
+                f"merge_patch_cpu_ms={patch_ms:.2f} put_to_merge_patch={put_ms / patch_ms:.2f}")
+
     def drain_deletes(self, start: float, end: float) -> list[float]:
         agent = self.local.agent
         if agent.hollow is None:
@@ -617,7 +656,8 @@ def parse_sizes(text: str) -> list[tuple[int, int]]:
     return sizes
 
 
-def run(hollow: bool, sizes: list[tuple[int, int]], idle_s: float, rounds: int, keep: Path | None) -> list[Figures]:
+def run(hollow: bool, sizes: list[tuple[int, int]], idle_s: float, rounds: int, keep: Path | None,
+        writes: int) -> list[Figures]:
     most = max(p * (r + 1) for p, r in sizes)
     nodes, gpus = (1, most + 16) if hollow else (max(1, math.ceil((most + 2) / 8)), 8)
     with tempfile.TemporaryDirectory(dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as work_dir:
@@ -637,6 +677,7 @@ def run(hollow: bool, sizes: list[tuple[int, int]], idle_s: float, rounds: int, 
                     results.append(figures)
                     print(table([figures]).splitlines()[1], flush=True)
                     print(figures.split_line(), flush=True)
+                print(bench.write_cost(writes), flush=True)
             finally:
                 bench.stop()
                 if keep is not None:
@@ -656,6 +697,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--real", action="store_true", help="real simulator pods only")
     parser.add_argument("--idle-seconds", type=float, default=float(os.environ.get("IDLE_SECONDS", 30)))
     parser.add_argument("--rounds", type=int, default=int(os.environ.get("ROUNDS", 2)))
+    parser.add_argument("--writes", type=int, default=int(os.environ.get("WRITES", 200)),
+                        help="status writes of each way per round in the write-cost comparison")
     parser.add_argument("--keep", type=Path,
                         help="copy the API server's audit log, the operator's log and the control plane's logs here")
     args = parser.parse_args(argv)
@@ -664,7 +707,8 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Figures] = []
     for hollow in modes:
         sizes = parse_sizes(args.sizes or ("10x5,50x20" if hollow else "5x3,20x3"))
-        results += run(hollow, sorted(sizes, key=lambda s: s[0] * s[1]), args.idle_seconds, args.rounds, args.keep)
+        results += run(hollow, sorted(sizes, key=lambda s: s[0] * s[1]), args.idle_seconds, args.rounds, args.keep,
+                       args.writes)
     print()
     print(table(results))
     for line in growth(results):

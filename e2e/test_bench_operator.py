@@ -20,13 +20,15 @@ LINE = re.compile(
     r"publish_overhead_p50_s=(?P<publish_overhead_p50_s>\S+) publish_overhead_p99_s=(?P<publish_overhead_p99_s>\S+) "
     r"cpu_idle_cores=(?P<cpu_idle_cores>\S+) rss_mb=(?P<rss_mb>\S+) api_writes_per_min=(?P<api_writes_per_min>\S+)$")
 SPLIT = re.compile(r"^operator-bench-split: reactions=(?P<reactions>\d+) (?P<parts>(?:\w+_s=\S+ ?)+)$")
+WRITE = re.compile(r"^operator-bench-write: writes=(?P<writes>\d+) put_cpu_ms=(?P<put>\S+) "
+                   r"merge_patch_cpu_ms=(?P<patch>\S+) put_to_merge_patch=(?P<ratio>\S+)$")
 BURST = re.compile(r"^operator-bench-burst: deployments=(?P<deployments>\d+) "
                    r"rs_burst_react_p50_s=(?P<p50>\S+) rs_burst_react_p99_s=(?P<p99>\S+)$")
 
 
 def test_bench_operator_smoke() -> None:
     done = subprocess.run([sys.executable, "-m", "e2e.bench_operator", "--hollow", "--sizes", "2x2",
-                           "--idle-seconds", "5", "--rounds", "1"],
+                           "--idle-seconds", "5", "--rounds", "1", "--writes", "20"],
                           cwd=REPO, env=os.environ, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     split, burst, last = done.stdout.strip().splitlines()[-3:]
@@ -48,6 +50,10 @@ def test_bench_operator_smoke() -> None:
     assert all(math.isfinite(v) and v >= 0 for v in figures.values()), last
     for positive in ("react_p50_s", "react_p99_s", "rs_react_p50_s", "publish_overhead_p50_s", "rss_mb"):
         assert figures[positive] > 0, last
+    # The API server's CPU per status write, both ways, on one pool: 6 rounds of 20 writes each way.
+    cost = next(WRITE.match(line) for line in done.stdout.splitlines() if line.startswith("operator-bench-write:"))
+    assert cost and cost["writes"] == "240", done.stdout[-3000:]
+    assert all(0 < float(cost[k]) < math.inf for k in ("put", "patch", "ratio")), cost.string
     # The table's sidecar calls come from the operator's own counter: a storm drains, probes and polls.
     lines = done.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.split()[:1] == ["mode"])

@@ -140,7 +140,7 @@ def without(role: dict[str, Any], group: str, resource: str, verb: str) -> dict[
 
 @pytest.mark.parametrize("group, resource, verb", [
     ("", "pods", "create"),
-    ("genrm.io", "genrmpools/status", "patch"),
+    ("genrm.io", "genrmpools/status", "update"),
 ])
 def test_a_removed_permission_breaks_the_reconcile(cluster: Cluster, chart_operator: OperatorProcess,
                                                     namespace: str, release: str, group: str, resource: str,

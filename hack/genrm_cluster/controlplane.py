@@ -203,6 +203,10 @@ class ControlPlane:
                 raise ControlPlaneError(f"CRD {name} not established after {START_TIMEOUT}s")
             time.sleep(0.2)
 
+    def pid(self, name: str) -> int:
+        """A running component's process id (``kube-apiserver``, ``etcd``, ...): benchmarks read its CPU time."""
+        return self._procs[name].pid
+
     def _launch(self, name: str, args: list[str]) -> None:
         self._procs[name] = procutil.spawn([str(self.bin_dir / name), *args], self.logs[name])
 

@@ -167,7 +167,7 @@ def writes_first(before: GenRMPoolStatus, after: GenRMPoolStatus, due: Sequence[
     actions it will send).
 
     It does when the status records new decisions, and when a create is due even if nothing in
-    the status changed (a retried create): then the write is an empty merge patch bound to the
+    the status changed (a retried create): then the write carries the status as it is, bound to the
     resourceVersion the step decided on, which changes nothing on the API server and exists only
     for its Conflict. Without it a retry decided on a stale spec would go out unchecked. Otherwise
     every action goes beside the write, if any, as it would with no write at all."""
