@@ -34,9 +34,11 @@ Figures:
   (``st/op``, audit), sidecar calls per second (the operator's own count of the requests it made to
   sidecars, ``genrm_operator_sidecar_requests_total``, read from its ``/metrics``: the same figure
   for real and hollow replicas);
-* status write cost (``operator-bench-write:``, after each mode's sizes): the API server's CPU per
-  pool status write as the operator sends it (a PUT of the status alone) beside a merge patch of
-  only what changed, alternated on one pool with the operator stopped (`Bench.write_cost`).
+* the API server's CPU in the storm (cores), and per request (after each mode's sizes, with the
+  operator stopped: `Bench.request_costs`): a pool status write as the operator sends it (a PUT of
+  the status alone) beside a merge patch of only what changed (``operator-bench-write:``); a scale
+  request and a pod create, which with the status write before it make the floor of the slowest
+  reactions at the last size (``operator-bench-floor:``).
 
 Run from the repository root: ``python -m e2e.bench_operator --hollow --sizes 10x5,50x20``.
 The last line is ``operator-bench: pools=P replicas=R react_p50_s= ...`` for the largest size.
@@ -92,7 +94,7 @@ request for that pool (``operator``: its watch, queue and decision); from that r
 create or unpublish (``write``: the status write that records the decision first, when there is one)."""
 WRITES = {"create", "update", "patch", "delete", "deletecollection"}
 WRITE_ROUNDS = 6
-"""Rounds of each way of writing a pool's status in `Bench.write_cost`, alternated."""
+"""Rounds of each kind of request in `Bench.request_costs`, alternated."""
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -274,6 +276,8 @@ class Figures:
     drain_delete: list[float] = field(default_factory=list)
     cpu_idle: float = math.nan
     cpu_storm: float = math.nan
+    api_cpu_storm: float = math.nan
+    """The API server's CPU in the storm (cores)."""
     rss: float = math.nan
     writes_idle: float = math.nan
     writes_storm: float = math.nan
@@ -322,6 +326,7 @@ COLUMNS = [
     ("pub50", lambda f: f"{pct(f.publish, .5):.3f}"), ("pub99", lambda f: f"{pct(f.publish, .99):.3f}"),
     ("del50", lambda f: f"{pct(f.drain_delete, .5):.3f}"), ("del99", lambda f: f"{pct(f.drain_delete, .99):.3f}"),
     ("cpu_idle", lambda f: f"{f.cpu_idle:.3f}"), ("cpu_storm", lambda f: f"{f.cpu_storm:.3f}"),
+    ("api_cpu_storm", lambda f: f"{f.api_cpu_storm:.2f}"),
     ("rss_mb", lambda f: f"{f.rss:.0f}"), ("wr/min_idle", lambda f: f"{f.writes_idle:.1f}"),
     ("wr/min_storm", lambda f: f"{f.writes_storm:.0f}"), ("st/op", lambda f: f"{f.status_per_op:.1f}"),
     ("rd/min_idle", lambda f: f"{f.reads_idle:.1f}"),
@@ -497,7 +502,8 @@ class Bench:
         # storm
         changes: list[Change] = []
         rs_replicas = 0
-        cpu0, t0 = cpu_seconds(pid), time.time()
+        api_pid = self.local.control_plane.pid("kube-apiserver")
+        cpu0, api0, t0 = cpu_seconds(pid), cpu_seconds(api_pid), time.time()
         for _ in range(self.rounds):
             for direction, delta in (("out", 1), ("in", -1)):
                 def change(ns: str, kind: str = direction, d: int = delta) -> Change:
@@ -514,9 +520,10 @@ class Bench:
                 for ns in self.pools:
                     self.pools[ns] += delta
                 self.wait_converged(timeout=max(120.0, 0.5 * pools * per_pool))
-        cpu1, t1 = cpu_seconds(pid), time.time()
+        cpu1, api1, t1 = cpu_seconds(pid), cpu_seconds(api_pid), time.time()
         calls1b = self.sidecar_calls()
         figures.cpu_storm = (cpu1 - cpu0) / (t1 - t0)
+        figures.api_cpu_storm = (api1 - api0) / (t1 - t0)
         figures.sidecar_storm = (calls1b - calls1) / (t1 - t0)
         figures.rss = rss_mb(pid)
         self.scale_rs(0)
@@ -582,38 +589,73 @@ class Bench:
                                          first - delivered, action - first), strict=True):
             figures.split[part].append(seconds)
 
-    def write_cost(self, writes: int) -> str:
-        """The API server's CPU per pool status write, the operator's way (a PUT of the status alone:
-        `status_update`) beside a merge patch of only what changed, the way it wrote before.
+    def request_costs(self, writes: int, last: Figures) -> tuple[str, str]:
+        """The API server's CPU per request on a pool reaction's path, and the reaction's floor.
 
-        ``writes`` of each way per round, alternated for `WRITE_ROUNDS` rounds on one pool of the
-        last size, with the operator stopped so that nothing else writes; each write changes one
-        condition's message, as a step that only reports does. Printed as each way's median round in
-        milliseconds of the API server's CPU, and their ratio."""
+        ``writes`` requests of each kind per round, alternated for `WRITE_ROUNDS` rounds with the
+        operator stopped, so that nothing else writes; each kind's median round, in milliseconds:
+
+        * a pool status write the operator's way (a PUT of the status alone: `status_update`) beside
+          a merge patch of only what changed, the way it wrote before; each changes one condition's
+          message, as a step that only reports does (one pool of the last size);
+        * a scale request, the user's side of a reaction (that pool, one replica up or down);
+        * a pod create (pods the benchmark's own, left to no scheduler).
+
+        The first line compares the two status writes. The second is the floor of the slowest
+        reactions of the last size: every pool's scale, decision write and create, the API server's
+        work before the last pool of a storm can act, at the share of the machine (``last``'s
+        ``api_cpu_storm``) the API server had in the storm. Everything else the storm asks of it
+        (later status writes, pod status, Events, watches) comes on top."""
         self.operator.stop()
-        path = "/apis/genrm.io/v1alpha1/namespaces/bench-0/genrmpools/judge/status"
+        pools = "/apis/genrm.io/v1alpha1/namespaces/bench-0/genrmpools/judge"
         pid = self.local.control_plane.pid("kube-apiserver")
-        pool = self.api.get(path)
+        pool = self.api.get(f"{pools}/status")
+        replicas = pool["spec"]["replicas"]
+        created = 0
 
-        def put(pool: JSON, status: JSON) -> JSON:
-            return self.api.request("PUT", path, status_update(pool, status))
+        def status(pool: JSON, i: int) -> JSON:
+            first, *rest = pool["status"]["conditions"]
+            return {**pool["status"], "conditions": [{**first, "message": f"write {i}"}, *rest]}
 
-        def merge_patch(pool: JSON, status: JSON) -> JSON:
+        def put(i: int) -> None:
+            nonlocal pool
+            pool = self.api.request("PUT", f"{pools}/status", status_update(pool, status(pool, i)))
+
+        def merge_patch(i: int) -> None:
+            nonlocal pool
             body = {"metadata": {"resourceVersion": pool["metadata"]["resourceVersion"]},
-                    "status": {"conditions": status["conditions"]}}
-            return self.api.patch(path, body, kind="merge-patch")
+                    "status": {"conditions": status(pool, i)["conditions"]}}
+            pool = self.api.patch(f"{pools}/status", body, kind="merge-patch")
 
-        cost: dict[str, list[float]] = {"put": [], "merge_patch": []}
+        def scale(i: int) -> None:
+            self.api.patch(f"{pools}/scale", {"spec": {"replicas": replicas + i % 2}}, kind="merge-patch")
+
+        def create(_: int) -> None:
+            nonlocal created
+            spec = deployment()["spec"]["template"]["spec"]  # labels of their own: no ReplicaSet adopts them
+            self.api.post(f"/api/v1/namespaces/{RS_NAMESPACE}/pods", {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": f"cost-{created}", "labels": {"app": "bench-cost"}},
+                "spec": {**spec, "schedulerName": "genrm-bench-none"}})
+            created += 1
+
+        kinds: dict[str, Callable[[int], None]] = {
+            "put": put, "merge_patch": merge_patch, "scale": scale, "create": create}
+        cost: dict[str, list[float]] = {kind: [] for kind in kinds}
         for _ in range(WRITE_ROUNDS):
-            for way, write in (("put", put), ("merge_patch", merge_patch)):
+            for kind, send in kinds.items():
+                pool = self.api.get(f"{pools}/status")  # after the scale requests' new versions
                 cpu0 = cpu_seconds(pid)
                 for i in range(writes):
-                    first, *rest = pool["status"]["conditions"]
-                    pool = write(pool, {**pool["status"], "conditions": [{**first, "message": f"write {i}"}, *rest]})
-                cost[way].append((cpu_seconds(pid) - cpu0) * 1000 / writes)
-        put_ms, patch_ms = statistics.median(cost["put"]), statistics.median(cost["merge_patch"])
-        return (f"operator-bench-write: writes={2 * writes * WRITE_ROUNDS} put_cpu_ms={put_ms:.2f} "
-                f"merge_patch_cpu_ms={patch_ms:.2f} put_to_merge_patch={put_ms / patch_ms:.2f}")
+                    send(i)
+                cost[kind].append((cpu_seconds(pid) - cpu0) * 1000 / writes)
+        ms = {kind: statistics.median(rounds) for kind, rounds in cost.items()}
+        floor = last.pools * (ms["scale"] + ms["put"] + ms["create"]) / 1000 / last.api_cpu_storm
+        return (f"operator-bench-write: writes={2 * writes * WRITE_ROUNDS} put_cpu_ms={ms['put']:.2f} "
+                f"merge_patch_cpu_ms={ms['merge_patch']:.2f} put_to_merge_patch={ms['put'] / ms['merge_patch']:.2f}",
+                f"operator-bench-floor: pools={last.pools} scale_cpu_ms={ms['scale']:.2f} "
+                f"status_write_cpu_ms={ms['put']:.2f} pod_create_cpu_ms={ms['create']:.2f} "
+                f"apiserver_storm_cores={last.api_cpu_storm:.3f} floor_s={floor:.3f}")
 
     def drain_deletes(self, start: float, end: float) -> list[float]:
         agent = self.local.agent
@@ -677,7 +719,8 @@ def run(hollow: bool, sizes: list[tuple[int, int]], idle_s: float, rounds: int, 
                     results.append(figures)
                     print(table([figures]).splitlines()[1], flush=True)
                     print(figures.split_line(), flush=True)
-                print(bench.write_cost(writes), flush=True)
+                for line in bench.request_costs(writes, results[-1]):
+                    print(line, flush=True)
             finally:
                 bench.stop()
                 if keep is not None:

@@ -22,6 +22,9 @@ LINE = re.compile(
 SPLIT = re.compile(r"^operator-bench-split: reactions=(?P<reactions>\d+) (?P<parts>(?:\w+_s=\S+ ?)+)$")
 WRITE = re.compile(r"^operator-bench-write: writes=(?P<writes>\d+) put_cpu_ms=(?P<put>\S+) "
                    r"merge_patch_cpu_ms=(?P<patch>\S+) put_to_merge_patch=(?P<ratio>\S+)$")
+FLOOR = re.compile(r"^operator-bench-floor: pools=(?P<pools>\d+) scale_cpu_ms=(?P<scale>\S+) "
+                   r"status_write_cpu_ms=(?P<status>\S+) pod_create_cpu_ms=(?P<create>\S+) "
+                   r"apiserver_storm_cores=(?P<cores>\S+) floor_s=(?P<floor>\S+)$")
 BURST = re.compile(r"^operator-bench-burst: deployments=(?P<deployments>\d+) "
                    r"rs_burst_react_p50_s=(?P<p50>\S+) rs_burst_react_p99_s=(?P<p99>\S+)$")
 
@@ -50,12 +53,21 @@ def test_bench_operator_smoke() -> None:
     assert all(math.isfinite(v) and v >= 0 for v in figures.values()), last
     for positive in ("react_p50_s", "react_p99_s", "rs_react_p50_s", "publish_overhead_p50_s", "rss_mb"):
         assert figures[positive] > 0, last
-    # The API server's CPU per status write, both ways, on one pool: 6 rounds of 20 writes each way.
-    cost = next(WRITE.match(line) for line in done.stdout.splitlines() if line.startswith("operator-bench-write:"))
+    # The API server's CPU per request, 6 rounds of 20 of each kind: status writes both ways, and
+    # the floor of the slowest reactions from a scale, a status write and a create per pool.
+    lines = done.stdout.splitlines()
+    cost = next(WRITE.match(line) for line in lines if line.startswith("operator-bench-write:"))
     assert cost and cost["writes"] == "240", done.stdout[-3000:]
     assert all(0 < float(cost[k]) < math.inf for k in ("put", "patch", "ratio")), cost.string
+    floor = next(FLOOR.match(line) for line in lines if line.startswith("operator-bench-floor:"))
+    assert floor and floor["pools"] == "2", done.stdout[-3000:]
+    ms = {k: float(floor[k]) for k in ("scale", "status", "create", "cores", "floor")}
+    assert all(0 < v < math.inf for v in ms.values()), floor.string
+    assert ms["status"] == float(cost["put"]), "both lines give the operator's status write"
+    assert math.isclose(ms["floor"], 2 * (ms["scale"] + ms["status"] + ms["create"]) / 1000 / ms["cores"],
+                        rel_tol=0.01, abs_tol=0.001), floor.string
     # The table's sidecar calls come from the operator's own counter: a storm drains, probes and polls.
-    lines = done.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.split()[:1] == ["mode"])
     row = dict(zip(lines[header].split(), lines[header + 1].split(), strict=True))
     assert row["PxR"] == "2x2" and 0 < float(row["sc/s_storm"]) < math.inf, lines[header:header + 2]
+    assert 0 < float(row["api_cpu_storm"]) < math.inf, lines[header:header + 2]

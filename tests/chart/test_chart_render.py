@@ -28,7 +28,7 @@ MONITORING = CHART / "ci" / "monitoring-values.yaml"
 # Every API call the operator makes (shell/kube.py, kopf's watches, finalizer and event posting).
 OPERATOR_RULES: dict[tuple[str, str], set[str]] = {
     (GROUP, PLURAL): {"get", "list", "watch", "patch"},
-    (GROUP, f"{PLURAL}/status"): {"patch"},
+    (GROUP, f"{PLURAL}/status"): {"update"},
     (GROUP, f"{PLURAL}/scale"): {"patch"},
     ("", "pods"): {"list", "watch", "create", "delete", "patch"},
     ("", "services"): {"get", "list", "watch", "create", "patch"},
