@@ -744,7 +744,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-seconds", type=float, default=float(os.environ.get("IDLE_SECONDS", 30)))
     parser.add_argument("--rounds", type=int, default=int(os.environ.get("ROUNDS", 2)))
     parser.add_argument("--writes", type=int, default=int(os.environ.get("WRITES", 200)),
-                        help="status writes of each way per round in the write-cost comparison")
+                        help="requests of each kind per round when measuring the API server's cost per request")
     parser.add_argument("--keep", type=Path,
                         help="copy the API server's audit log, the operator's log and the control plane's logs here")
     args = parser.parse_args(argv)

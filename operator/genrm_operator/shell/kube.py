@@ -138,12 +138,13 @@ class Kube:
 
         Returns the pool as written, whose resourceVersion a write that must follow this one is bound to.
         """
+        meta = pool["metadata"]
         try:
-            written = await self._request("PUT", _path(POOLS, pool["metadata"]["namespace"], pool["metadata"]["name"],
-                                                       "status"), status_update(pool, status))
+            written = await self._request("PUT", _path(POOLS, meta["namespace"], meta["name"], "status"),
+                                          status_update(pool, status))
         except ApiException as exc:
             if exc.status == 409:
-                raise Conflict(pool["metadata"]["name"]) from exc
+                raise Conflict(meta["name"]) from exc
             raise
         assert written is not None, "no status is accepted with a NotFound"
         return written
