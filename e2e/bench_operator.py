@@ -610,9 +610,10 @@ class Bench:
         Everything else the storm asks of it (later status writes, pod status, Events, watches)
         comes on top."""
         self.operator.stop()
-        pools = "/apis/genrm.io/v1alpha1/namespaces/bench-0/genrmpools/judge"
+        namespace = "bench-0"
+        status_path = f"/apis/genrm.io/v1alpha1/namespaces/{namespace}/genrmpools/judge/status"
         pid = self.local.control_plane.pid("kube-apiserver")
-        pool = self.api.get(f"{pools}/status")
+        pool = self.api.get(status_path)
         replicas = pool["spec"]["replicas"]
         created = 0
 
@@ -622,16 +623,16 @@ class Bench:
 
         def put(i: int) -> None:
             nonlocal pool
-            pool = self.api.request("PUT", f"{pools}/status", status_update(pool, status(pool, i)))
+            pool = self.api.request("PUT", status_path, status_update(pool, status(pool, i)))
 
         def merge_patch(i: int) -> None:
             nonlocal pool
             body = {"metadata": {"resourceVersion": pool["metadata"]["resourceVersion"]},
                     "status": {"conditions": status(pool, i)["conditions"]}}
-            pool = self.api.patch(f"{pools}/status", body, kind="merge-patch")
+            pool = self.api.patch(status_path, body, kind="merge-patch")
 
         def scale(i: int) -> None:
-            self.api.patch(f"{pools}/scale", {"spec": {"replicas": replicas + i % 2}}, kind="merge-patch")
+            self.scale_pool(namespace, replicas + i % 2)
 
         def create(_: int) -> None:
             nonlocal created
@@ -647,7 +648,7 @@ class Bench:
         cost: dict[str, list[float]] = {kind: [] for kind in kinds}
         for _ in range(WRITE_ROUNDS):
             for kind, send in kinds.items():
-                pool = self.api.get(f"{pools}/status")  # after the scale requests' new versions
+                pool = self.api.get(status_path)  # after the scale requests' new versions
                 cpu0 = cpu_seconds(pid)
                 for i in range(writes):
                     send(i)
