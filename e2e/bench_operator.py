@@ -615,6 +615,7 @@ class Bench:
         pid = self.local.control_plane.pid("kube-apiserver")
         pool = self.api.get(status_path)
         replicas = pool["spec"]["replicas"]
+        pod_spec = deployment()["spec"]["template"]["spec"]  # labels of their own: no ReplicaSet adopts them
         created = 0
 
         def status(pool: JSON, i: int) -> JSON:
@@ -636,11 +637,10 @@ class Bench:
 
         def create(_: int) -> None:
             nonlocal created
-            spec = deployment()["spec"]["template"]["spec"]  # labels of their own: no ReplicaSet adopts them
             self.api.post(f"/api/v1/namespaces/{RS_NAMESPACE}/pods", {
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": f"cost-{created}", "labels": {"app": "bench-cost"}},
-                "spec": {**spec, "schedulerName": "genrm-bench-none"}})
+                "spec": {**pod_spec, "schedulerName": "genrm-bench-none"}})
             created += 1
 
         kinds: dict[str, Callable[[int], None]] = {

@@ -26,6 +26,12 @@ from kubernetes import client, config
 from .harness import Cluster, pool_manifest
 
 
+def with_message(status: dict[str, Any], message: str) -> dict[str, Any]:
+    """``status`` with its first condition's message replaced: a write a step that only reports makes."""
+    first, *rest = status["conditions"]
+    return {**status, "conditions": [{**first, "message": message}, *rest]}
+
+
 def managers(pool: dict[str, Any]) -> dict[tuple[str, str], Any]:
     """Each manager's fields, keyed by manager and subresource (the time of a write left out)."""
     return {(e["manager"], e.get("subresource", "")): e["fieldsV1"] for e in pool["metadata"]["managedFields"]}
@@ -54,16 +60,13 @@ async def test_a_status_write_keeps_everything_else_and_is_refused_on_a_stale_ve
             "a status write that changes nothing writes nothing"
         assert written["status"] == settled["status"]
 
-        changed = json.loads(json.dumps(settled["status"]))
-        changed["conditions"][0]["message"] = "written by the contract test"
+        changed = with_message(settled["status"], "written by the contract test")
         try:
             written = await kube.write_status(settled, changed)
         except Conflict:  # the operator wrote in between: the same write on what it wrote
             settled = await kube.get_pool(namespace, "guard")
             assert settled is not None
-            changed = {**settled["status"], "conditions": [
-                {**settled["status"]["conditions"][0], "message": "written by the contract test"},
-                *settled["status"]["conditions"][1:]]}
+            changed = with_message(settled["status"], "written by the contract test")
             written = await kube.write_status(settled, changed)
         assert written["status"] == changed
         assert written["metadata"]["resourceVersion"] != settled["metadata"]["resourceVersion"]
