@@ -29,6 +29,7 @@ READY_PATH = "/healthz/ready"
 LIVE_PATH = "/healthz/live"
 DRAIN_PATH = "/v1/drain"
 UNDRAIN_PATH = "/v1/undrain"
+SHED_PATH = "/v1/shed"
 METRICS_PATH = "/metrics"
 
 REASON_HEADER = "x-genrm-reason"
@@ -78,6 +79,18 @@ class Reason(enum.StrEnum):
     ENGINE_UNAVAILABLE = "engineUnavailable"
 
 
+class HandBack(enum.StrEnum):
+    """Why a gateway handed a client connection back (closed it gently so the client reconnects and
+    the Service places it again): the label of ``genrm_gateway_connections_handed_back_total``."""
+
+    BALANCE = "balance"
+    """The replica held more than its fair share of the pool's client connections."""
+    LOAD = "load"
+    """The replica served well above its fair share of the pool's requests for a while."""
+    MAX_AGE = "maxAge"
+    """The connection reached its (jittered) maximum age: the backstop that needs no operator."""
+
+
 class _Document(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
 
@@ -94,6 +107,29 @@ class UndrainRequest(_Document):
     """``POST /v1/undrain``: back to Serving, unless Drained (409)."""
 
     drain_id: str = Field(alias="drainId", min_length=1)
+
+
+class ShedRequest(_Document):
+    """``POST /v1/shed``: hand back ``connections`` client connections, the busiest first.
+
+    Each one closes gently: a busy connection answers its next request with ``Connection: close``
+    (never cutting a request that runs), an idle one is closed once idle a while. A retried call
+    with the same ``shedId`` does nothing more, so the operator may retry freely."""
+
+    shed_id: str = Field(alias="shedId", min_length=1, max_length=128)
+    connections: int = Field(ge=1, le=1_000_000)
+    reason: HandBack
+
+
+class ShedAnswer(_Document):
+    """The answer to a shed call: how many connections were marked (fewer than asked when the
+    replica holds fewer that are not already being handed back)."""
+
+    shed_id: str = Field(alias="shedId")
+    marked: int = Field(ge=0)
+
+    def wire(self) -> dict[str, object]:
+        return self.model_dump(by_alias=True, mode="json")
 
 
 class EngineReport(_Document):
@@ -117,6 +153,9 @@ class StateDocument(_Document):
     refused_total: int = Field(alias="refusedTotal")
     engine: EngineReport
     idle_since_seconds: float | None = Field(alias="idleSinceSeconds")
+    client_connections: int | None = Field(default=None, alias="clientConnections", ge=0)
+    """Open client connections on the traffic port that are not being handed back: what the
+    operator balances (None from a gateway older than balancing). A load figure: not significant."""
     boot_id: str | None = Field(default=None, alias="bootId")
     """Changes when the gateway restarts: versions count from 1 again."""
     version: int | None = Field(default=None, ge=0)
@@ -126,10 +165,12 @@ class StateDocument(_Document):
         return self.model_dump(by_alias=True, mode="json")
 
     def significant(self) -> tuple[object, ...]:
-        """What the operator decides on: state, drain id, the engine's health, and, once fenced, whether
-        anything is still in flight. Load figures change all the time and are not part of it."""
+        """What the operator decides on: state, drain id, the engine's health, once fenced whether
+        anything is still in flight, and whether any client is connected (the operator balances
+        only pools that have clients). Load figures change all the time and are not part of it."""
         fenced_busy = self.inflight > 0 if self.state is DrainState.FENCED else None
-        return self.state, self.drain_id, self.engine.up, self.engine.healthy, fenced_busy
+        return (self.state, self.drain_id, self.engine.up, self.engine.healthy, fenced_busy,
+                bool(self.client_connections))
 
     def newer_than(self, other: StateDocument | None) -> bool:
         """Whether this report supersedes ``other``: answers on separate connections may arrive out of
@@ -163,6 +204,7 @@ class Series(enum.StrEnum):
     DRAIN_STATE = "genrm_gateway_drain_state"
     ENGINE_UP = "genrm_gateway_engine_up"
     OPEN_CONNECTIONS = "genrm_gateway_open_connections"
+    HANDED_BACK = "genrm_gateway_connections_handed_back"
     REQUESTS = "genrm_gateway_requests"
     REQUEST_DURATION = "genrm_gateway_request_duration_seconds"
     REFUSED = "genrm_gateway_refused"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from genrm_contract.sidecar import DrainState
+from genrm_contract.sidecar import DrainState, HandBack
 from starlette.types import Receive, Scope, Send
 
 from genrm_gateway.admission import Admission
@@ -38,12 +38,12 @@ class Gateway:
         self.admission = Admission()
         self.pool = EnginePool(config.engine)
         self.engine = EngineMonitor(self.pool, config.engine_poll_seconds)
-        self.connections = Connections(config.port, config.limits, self._refused)
+        self.connections = Connections(config.port, config.limits, self._refused, self._handed_back)
         self.drain = DrainController(self.admission, self.engine, config.quiet_seconds, config.propagation_seconds,
                                      self.connections.retire)
         self.metrics = GatewayMetrics(self.admission, self.drain, self.engine, self.connections)
         self._proxy = Proxy(self.admission, self.drain, self.engine, self.pool, self.metrics, config.limits)
-        self._control = create_control_app(self.admission, self.drain, self.engine, self.metrics)
+        self._control = create_control_app(self.admission, self.drain, self.engine, self.metrics, self.connections)
         self._retirer: asyncio.Task[None] | None = None
 
     @property
@@ -53,6 +53,9 @@ class Gateway:
 
     def _refused(self, reason: str) -> None:
         self.metrics.refused(reason)
+
+    def _handed_back(self, reason: HandBack) -> None:
+        self.metrics.handed_back(reason)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -97,7 +100,8 @@ class Gateway:
     async def _retire_idle(self) -> None:
         """During a drain, or while the engine is unreachable, keep closing keep-alive connections
         as they turn idle: a client's next request then opens a new connection, which the Service
-        sends to a replica that can answer, instead of meeting a refusal on a kept-alive one."""
+        sends to a replica that can answer, instead of meeting a refusal on a kept-alive one.
+        While serving, connections being handed back are closed the same way once idle."""
         while True:
             await asyncio.sleep(_RETIRE_EVERY_SECONDS)
             state = self.drain.state
@@ -105,3 +109,5 @@ class Gateway:
                 self.connections.retire(state)
             elif not self.engine.up:
                 self.connections.retire(DrainState.FENCED)
+            elif self.connections.marked:
+                self.connections.close_idle_marked()

@@ -6,11 +6,15 @@ socket for ever; these checks must act while bytes arrive, before any request ex
 itself (llhttp, through httptools) is kept: it already refuses the smuggling shapes (CL+TE,
 duplicate or signed Content-Length, obfuscated Transfer-Encoding, obs-fold, bare CR or LF).
 
-It also carries two things the gateway needs from the connection layer:
+It also carries three things the gateway needs from the connection layer:
 
 - a registry of open traffic connections, so a drain can retire keep-alive connections: behind a
   Kubernetes Service a client keeps using a connection to the pod it first reached, so an
   unpublished replica must close connections, not only refuse requests;
+- hand-back, the same gentle close while serving: kube-proxy places connections, not requests, so
+  a busy keep-alive client never reaches a replica added after it connected unless a replica that
+  holds too many connections gives some back (the operator's balancer asks for it, and a maximum
+  connection age does it without the operator; docs/concepts.md, *Load spread*);
 - its transport: coalesced writes (a response costs one socket write, not two: on a 2-core pod
   each write is a measurable share of the gateway's CPU) and a lingering close.
 """
@@ -18,12 +22,14 @@ It also carries two things the gateway needs from the connection layer:
 from __future__ import annotations
 
 import asyncio
+import heapq
+import random
 import time
 from collections.abc import Callable
 from typing import Any
 
 import httptools
-from genrm_contract.sidecar import DrainState
+from genrm_contract.sidecar import DrainState, HandBack
 from uvicorn._types import ASGI3Application
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
@@ -94,23 +100,60 @@ class _HeadRefused(Exception):
     """Raised inside a parser callback; the refusal itself waits on the protocol."""
 
 
-# How long a keep-alive connection must have been idle before a soft drain closes it. A client
-# that is busy reuses its connection within milliseconds and is better served by the
+# How long a keep-alive connection must have been idle before a soft drain or a hand-back closes
+# it. A client that is busy reuses its connection within milliseconds and is better served by the
 # ``Connection: close`` on its next response than by a close racing its next request.
 SOFT_DRAIN_IDLE_SECONDS = 1.0
+AGE_JITTER = 0.1
+"""The maximum connection age varies by this fraction either way, per connection, so connections
+opened together (a client pool's start) are not handed back together (as gRPC's MAX_CONNECTION_AGE)."""
+SHED_IDS_KEPT = 64
+"""Shed calls remembered by id, so a retried call marks nothing more."""
 
 
 class Connections:
     """The open client connections of the traffic port, for the limit and for drains."""
 
-    def __init__(self, port: int, limits: Limits, refused: Callable[[str], None]) -> None:
+    def __init__(self, port: int, limits: Limits, refused: Callable[[str], None],
+                 handed_back: Callable[[HandBack], None] = lambda reason: None) -> None:
         self.port = port
         self.limits = limits
         self.refused = refused
+        self.handed_back = handed_back
         self._open: set[GatewayProtocol] = set()
+        self.marked: set[GatewayProtocol] = set()
+        """Open connections being handed back (they close after their next response, or once idle)."""
+        self._sheds: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._open)
+
+    @property
+    def kept(self) -> int:
+        """Open connections not being handed back: the count the operator balances."""
+        return len(self._open) - len(self.marked)
+
+    def shed(self, shed_id: str, count: int, reason: HandBack) -> int:
+        """Hand back ``count`` connections, busiest (most requests per second of life) first; returns
+        how many were marked. The same ``shed_id`` again returns the first answer and marks nothing."""
+        if shed_id in self._sheds:
+            return self._sheds[shed_id]
+        now = time.monotonic()
+        chosen = heapq.nlargest(count, (c for c in self._open if c.handback is None),
+                                key=lambda c: c.request_rate(now))
+        for connection in chosen:
+            connection.hand_back(reason)
+        self._sheds[shed_id] = len(chosen)
+        if len(self._sheds) > SHED_IDS_KEPT:
+            del self._sheds[next(iter(self._sheds))]
+        return len(chosen)
+
+    def close_idle_marked(self) -> None:
+        """Close the connections being handed back that have been idle a while (a busy one gets
+        ``Connection: close`` on its next response instead; see ``SOFT_DRAIN_IDLE_SECONDS``)."""
+        now = time.monotonic()
+        for connection in list(self.marked):
+            connection.close_if_idle(now, SOFT_DRAIN_IDLE_SECONDS)
 
     def admit(self, connection: GatewayProtocol) -> bool:
         if len(self._open) >= self.limits.max_connections:
@@ -120,6 +163,7 @@ class Connections:
 
     def discard(self, connection: GatewayProtocol) -> None:
         self._open.discard(connection)
+        self.marked.discard(connection)
 
     def retire(self, state: DrainState) -> None:
         """Close what a drain in ``state`` must not keep open.
@@ -155,6 +199,10 @@ class GatewayProtocol(HttpToolsProtocol):
         self._deferred: bytes | None = None  # a refusal waiting for earlier pipelined answers
         self._running: RequestResponseCycle | None = None  # the request the app is answering
         self._write_timer: asyncio.TimerHandle | None = None
+        self._opened = time.monotonic()
+        self._requests = 0
+        self._age_timer: asyncio.TimerHandle | None = None
+        self.handback: HandBack | None = None
         # A new connection counts as busy: its client opened it to send a request right away,
         # which a close would race. It turns idle only after a response (else the head timeout).
         self._idle_since: float | None = None
@@ -168,6 +216,9 @@ class GatewayProtocol(HttpToolsProtocol):
             self._refuse(503, "tooManyConnections", "the gateway has too many open connections")
             return
         self._arm_head_timer()
+        if self._traffic and (age := self._limits.max_connection_age_seconds) > 0:
+            jittered = age * random.uniform(1 - AGE_JITTER, 1 + AGE_JITTER)
+            self._age_timer = self.loop.call_later(jittered, self.hand_back, HandBack.MAX_AGE)
 
     def pause_writing(self) -> None:
         """The client stopped reading (the socket's buffer is full): it has the write timeout to resume.
@@ -195,6 +246,8 @@ class GatewayProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._write_timer is not None:
             self._write_timer.cancel()
+        if self._age_timer is not None:
+            self._age_timer.cancel()
         self._cancel_head_timer()
         self.registry.discard(self)
         running = self._running
@@ -252,6 +305,9 @@ class GatewayProtocol(HttpToolsProtocol):
             self._refusal = (400, "badRequest", "protocol upgrades are not supported")
             raise _HeadRefused
         super().on_headers_complete()
+        self._requests += 1
+        if self.handback is not None and self.cycle is not None:
+            self.cycle.keep_alive = False
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -265,12 +321,39 @@ class GatewayProtocol(HttpToolsProtocol):
                 self.transport.write(self._deferred)
                 self.transport.close()
 
+    def request_rate(self, now: float) -> float:
+        """Requests per second over the connection's life (a second at least): which to shed first."""
+        return self._requests / max(1.0, now - self._opened)
+
+    def hand_back(self, reason: HandBack) -> None:
+        """Close this connection gently so its client reconnects (and the Service places it anew):
+        the response being answered carries ``Connection: close`` if its head is not written yet,
+        else the next one does; while idle, ``Connections.close_idle_marked`` closes it."""
+        if self.handback is not None or self.transport.is_closing():
+            return
+        self.handback = reason
+        if self._age_timer is not None:
+            self._age_timer.cancel()
+            self._age_timer = None
+        self.registry.marked.add(self)
+        self.registry.handed_back(reason)
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete and not cycle.response_started:
+            cycle.keep_alive = False
+
     def retire(self, now: float, idle_for: float) -> None:
         """Close after the current response, or now if idle for ``idle_for`` seconds or more."""
         if self._idle_since is None or self._head_bytes:
             if self.cycle is not None:
                 self.cycle.keep_alive = False
-        elif now - self._idle_since >= idle_for and not self.transport.is_closing():
+        else:
+            self.close_if_idle(now, idle_for)
+
+    def close_if_idle(self, now: float, idle_for: float) -> None:
+        """Close now if idle (no request begun) for ``idle_for`` seconds or more."""
+        idle_since = self._idle_since
+        if idle_since is not None and not self._head_bytes and now - idle_since >= idle_for \
+                and not self.transport.is_closing():
             self.transport.close()
 
     def _refuse(self, code: int, reason: str, message: str) -> None:

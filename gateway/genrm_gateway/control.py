@@ -21,6 +21,7 @@ from genrm_contract.sidecar import (
     MAX_WAIT_SECONDS,
     METRICS_PATH,
     READY_PATH,
+    SHED_PATH,
     STATE_PATH,
     UNDRAIN_PATH,
     WAIT_PARAM,
@@ -29,6 +30,8 @@ from genrm_contract.sidecar import (
     DrainState,
     EngineReport,
     Reason,
+    ShedAnswer,
+    ShedRequest,
     StateDocument,
     UndrainRequest,
     Versions,
@@ -36,6 +39,7 @@ from genrm_contract.sidecar import (
 from starlette.exceptions import HTTPException
 
 from genrm_gateway.admission import Admission
+from genrm_gateway.connection import Connections
 from genrm_gateway.drain import DrainConflict, DrainController
 from genrm_gateway.engine import EngineMonitor
 from genrm_gateway.errors import REASON_HEADER, Refusal, error_body
@@ -59,7 +63,7 @@ def require_token(authorization: Annotated[str | None, Header()] = None) -> None
 
 
 def create_control_app(admission: Admission, drain: DrainController, engine: EngineMonitor,
-                       metrics: GatewayMetrics) -> FastAPI:
+                       metrics: GatewayMetrics, connections: Connections) -> FastAPI:
     app = FastAPI(title="genrm-gateway", docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
     authorized = [Depends(require_token)]
     versions = Versions()
@@ -74,6 +78,7 @@ def create_control_app(admission: Admission, drain: DrainController, engine: Eng
             engine=EngineReport(up=engine.up, healthy=engine.healthy, running_requests=load.running,
                                 queued_requests=load.queued, token_usage=load.token_usage),
             idle_since_seconds=None if idle is None else round(idle, 3),
+            client_connections=connections.kept,
         ))
 
     @app.exception_handler(Refusal)
@@ -134,6 +139,12 @@ def create_control_app(admission: Admission, drain: DrainController, engine: Eng
     async def post_undrain(request: UndrainRequest) -> dict[str, Any]:
         drain.undrain(request.drain_id)
         return state_document().wire()
+
+    @app.post(SHED_PATH, dependencies=authorized)
+    async def post_shed(request: ShedRequest) -> dict[str, object]:
+        """Hand back client connections (the operator's balancer; see ``Connections.shed``)."""
+        return ShedAnswer(shed_id=request.shed_id,
+                          marked=connections.shed(request.shed_id, request.connections, request.reason)).wire()
 
     @app.get(METRICS_PATH)
     async def get_metrics() -> Response:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from genrm_contract.sidecar import DrainState, Series
+from genrm_contract.sidecar import DrainState, HandBack, Series
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -77,6 +77,11 @@ class GatewayMetrics:
                                    registry=self.registry, buckets=_DURATION_BUCKETS)
         self._refused = Counter(Series.REFUSED, "Requests refused by the gateway, by reason",
                                 ["reason"], registry=self.registry)
+        self._handed_back = Counter(Series.HANDED_BACK,
+                                    "Client connections handed back (closed gently for the client to "
+                                    "reconnect elsewhere), by reason", ["reason"], registry=self.registry)
+        for reason in HandBack:  # zeros from the start: a rate over a series born later misses its first step
+            self._handed_back.labels(reason.value)
         self.registry.register(_StateCollector(admission, drain, engine, connections))
         self._request_children: dict[tuple[str, int], Counter] = {}
         self._duration_children: dict[str, Histogram] = {}
@@ -93,6 +98,9 @@ class GatewayMetrics:
 
     def refused(self, reason: str) -> None:
         self._refused.labels(reason).inc()
+
+    def handed_back(self, reason: HandBack) -> None:
+        self._handed_back.labels(reason.value).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

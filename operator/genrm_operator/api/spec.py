@@ -131,6 +131,10 @@ class GatewayLimits(ApiModel):
     """A client that reads nothing of its response this long is disconnected and its request aborted."""
     keep_alive_seconds: float = Field(75.0, gt=0, le=3600)
     """Idle keep-alive client connections are closed after this."""
+    max_connection_age_seconds: float = Field(300.0, ge=0, le=86400)
+    """A client connection older than this (jittered by up to 10% either way) is handed back: its next
+    response carries Connection: close, or it is closed once idle, so the client reconnects and the
+    Service places it anew. The backstop of load spread when the operator is away; 0 turns it off."""
     engine_wait_seconds: float = Field(5.0, ge=0, le=600)
     """A request that finds the engine unreachable waits this long for it to come back before a retryable 503."""
 

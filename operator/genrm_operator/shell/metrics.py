@@ -46,9 +46,13 @@ AUTOSCALER_METRIC_TARGET = Gauge("genrm_autoscaler_metric_target", "Target of ea
 AUTOSCALER_DECISIONS = Counter("genrm_autoscaler_decisions_total",
                                "Autoscaler decisions by outcome (ScaleUp, ScaleDown, NoChange).",
                                ["namespace", "pool", "outcome"])
+CONNECTIONS_SHED = Counter("genrm_pool_connections_shed_total",
+                           "Client connections the operator asked replicas to hand back, by reason (balance: "
+                           "above the fair share of connections; load: above 1.5x the mean request rate).",
+                           ["namespace", "pool", "reason"])
 PER_POOL = (RECONCILE_TOTAL, RECONCILE_ERRORS, RECONCILE_SECONDS, REPLICAS, OPERATIONS, OPERATION_SECONDS,
             FORCED_DRAINS, VERIFICATION_FAILURES, AUTOSCALER_DESIRED, AUTOSCALER_CURRENT, AUTOSCALER_METRIC_VALUE,
-            AUTOSCALER_METRIC_TARGET, AUTOSCALER_DECISIONS)
+            AUTOSCALER_METRIC_TARGET, AUTOSCALER_DECISIONS, CONNECTIONS_SHED)
 
 
 def start_pool(namespace: str, pool: str) -> None:

@@ -63,6 +63,7 @@ from ..core.names import (
 from ..core.reconcile import reconcile
 from . import metrics
 from .autoscaler import PoolAutoscaler
+from .balancer import PoolBalancer
 from .expectations import Expectations
 from .kube import Conflict, Kube, Manifest, api_message
 from .observe import pod_ip, pod_view
@@ -111,6 +112,7 @@ class PoolReconciler:
         self._recent_events: dict[tuple[str, str], float] = {}
         self._token: str | None = None
         self.autoscaler = PoolAutoscaler(kube, namespace, name)
+        self.balancer = PoolBalancer(sidecars, namespace, name)
         self.watch = SidecarWatch(sidecars, self.wake.set)
         self.expected = Expectations()
         self._parsed: tuple[str, GenRMPoolSpec, GenRMPoolStatus] | None = None
@@ -148,6 +150,7 @@ class PoolReconciler:
                     pass
         finally:
             metrics.ACTIVE_POOLS.dec()
+            await self.balancer.close()
             await self.watch.close()
             await self.autoscaler.close()
 
@@ -229,6 +232,7 @@ class PoolReconciler:
             child_errors=child_errors, metrics=await self.autoscaler.sample(spec.autoscaling, published, endpoints),
         )
         plan = reconcile(observed)
+        self.balancer.follow({n: endpoints[n] for n in published if n in endpoints}, self.watch.documents())
         version = str(meta.get("resourceVersion", ""))
         # Actions wait for the status write only when it records new decisions or a create is due
         # (a crash between the two must find the decisions, and the write's Conflict cancels what a

@@ -24,11 +24,14 @@ from typing import Any
 import aiohttp
 from genrm_contract.sidecar import (
     DRAIN_PATH,
+    SHED_PATH,
     STATE_PATH,
     UNDRAIN_PATH,
     VERSION_PARAM,
     WAIT_PARAM,
     DrainRequest,
+    ShedAnswer,
+    ShedRequest,
     StateDocument,
     UndrainRequest,
 )
@@ -53,7 +56,10 @@ DEFAULT_PROBES = (
 )
 
 
-CALLS = {STATE_PATH: "state", DRAIN_PATH: "drain", UNDRAIN_PATH: "undrain"}
+PROBE_HEADERS = {"Connection": "close"}
+"""Verification probes use the traffic port, as clients do, but keep no connection open there: a kept
+connection would count as a client's in the replica's share of the pool's connections."""
+CALLS = {STATE_PATH: "state", DRAIN_PATH: "drain", UNDRAIN_PATH: "undrain", SHED_PATH: "shed"}
 """The ``call`` label of each control route; anything else is a verification probe (``probe``)."""
 
 
@@ -153,7 +159,23 @@ class SidecarClient:
         """POST /v1/undrain: the state it led to, or None (to be retried next step) on any failure."""
         return await self._control(ep, UNDRAIN_PATH, request)
 
+    async def shed(self, ep: Endpoint, request: ShedRequest) -> ShedAnswer | None:
+        """POST /v1/shed: how many connections the replica marked, or None on any failure."""
+        text = await self._post(ep, SHED_PATH, request)
+        try:
+            return None if text is None else ShedAnswer.model_validate_json(text)
+        except ValidationError:
+            return None
+
     async def _control(self, ep: Endpoint, path: str, request: DrainRequest | UndrainRequest) -> StateDocument | None:
+        text = await self._post(ep, path, request)
+        try:
+            return None if text is None else parse_state(json.loads(text))
+        except ValueError:
+            return None
+
+    async def _post(self, ep: Endpoint, path: str, request: DrainRequest | UndrainRequest | ShedRequest) -> str | None:
+        """The body of a 200 answer to a control call, or None (logged) on any failure."""
         body = request.model_dump(by_alias=True, exclude_none=True, mode="json")
         try:
             async with self._http.post(f"{ep.control}{path}", headers=ep.headers, json=body) as response:
@@ -164,10 +186,7 @@ class SidecarClient:
         if status != 200:
             log.info("sidecar %s %s -> %s %s", ep.control, path, status, text[:200])
             return None
-        try:
-            return parse_state(json.loads(text))
-        except ValueError:
-            return None
+        return text
 
     async def answers(self, ep: Endpoint, spec: VerificationSpec) -> list[str]:
         """Probe answers of one replica, in probe order (raises on any failure).
@@ -179,13 +198,15 @@ class SidecarClient:
         replicas) overlap.
         """
         limit = timeout(float(spec.timeout_seconds))
-        async with self._http.get(f"{ep.traffic}/model_info", timeout=limit, raise_for_status=True) as info:
+        async with self._http.get(f"{ep.traffic}/model_info", timeout=limit, raise_for_status=True,
+                                  headers=PROBE_HEADERS) as info:
             generation = bool((await info.json(content_type=None)).get("is_generation", True))
 
         async def ask(probe: ProbeRequest) -> str:
             path, payload = probe_request(probe, spec.sampling_seed, generation)
             async with self._http.post(f"{ep.traffic}{path}", json=payload, timeout=limit, raise_for_status=True,
-                                       headers={"X-Request-Id": f"genrm-verify-{uuid.uuid4().hex}"}) as response:
+                                       headers={**PROBE_HEADERS,
+                                                "X-Request-Id": f"genrm-verify-{uuid.uuid4().hex}"}) as response:
                 return probe_answer(await response.json(content_type=None), generation)
 
         # At once, as a batch of judge calls would come: the answers do not depend on each other.

@@ -63,6 +63,10 @@ class SidecarWatch:
                 await asyncio.wait_for(asyncio.gather(*fresh), STATE_SECONDS + 1.0)
         return {name: view_of(f.document) if f.document is not None else None for name, f in self._followed.items()}
 
+    def documents(self) -> dict[str, StateDocument]:
+        """The latest report of each followed replica that has answered."""
+        return {name: f.document for name, f in self._followed.items() if f.document is not None}
+
     def offer(self, name: str, document: StateDocument) -> None:
         """A report from elsewhere (a drain call's answer) about a followed replica."""
         if (followed := self._followed.get(name)) is not None:

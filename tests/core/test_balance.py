@@ -1,0 +1,109 @@
+"""The load-spread rules: properties of the connection rule (never below the fair share, nothing to do
+when even, convergence under uniform reconnects) and the load rule's hold, factor and limits."""
+
+from __future__ import annotations
+
+import random
+
+from genrm_operator.core.balance import (
+    LOAD_HOLD_SECONDS,
+    Memory,
+    Sample,
+    Traffic,
+    connection_sheds,
+    decide,
+    fair_ceiling,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+counts = st.lists(st.integers(min_value=0, max_value=200), min_size=1, max_size=12)
+
+
+def pool(connections: list[int], requests: list[int] | None = None) -> dict[str, Traffic]:
+    requests = requests or [0] * len(connections)
+    return {f"r{i}": Traffic(c, n, "boot") for i, (c, n) in enumerate(zip(connections, requests, strict=True))}
+
+
+@given(counts)
+def test_sheds_only_the_excess_above_the_fair_ceiling(connections: list[int]) -> None:
+    replicas = pool(connections)
+    sheds = connection_sheds(replicas)
+    ceiling = fair_ceiling(sum(connections), len(connections))
+    assert ceiling * len(connections) >= sum(connections)
+    for name, n in sheds.items():
+        assert n >= 1
+        assert replicas[name].connections - n == ceiling  # never below the fair share
+    assert set(sheds) == {name for name, t in replicas.items() if t.connections > ceiling}
+
+
+@given(counts)
+def test_an_even_pool_sheds_nothing(connections: list[int]) -> None:
+    even = [min(connections)] * len(connections)
+    even[0] += 1 if len(connections) > 1 else 0
+    assert connection_sheds(pool(even)) == {}
+
+
+@settings(max_examples=200)
+@given(total=st.integers(min_value=1, max_value=128), replicas=st.integers(min_value=2, max_value=8),
+       seed=st.integers(min_value=0, max_value=2**32 - 1))
+def test_uniform_reconnects_converge(total: int, replicas: int, seed: int) -> None:
+    """All connections start on one replica (a scale-out from one); each shed connection reconnects
+    to a replica chosen uniformly at random (kube-proxy). Within a few dozen rounds the pool is even,
+    and the connection count never changes."""
+    rng = random.Random(seed)
+    connections = [total] + [0] * (replicas - 1)
+    rounds = 0
+    while (sheds := connection_sheds(pool(connections))) and rounds < 60:
+        for name, n in sheds.items():
+            connections[int(name[1:])] -= n
+            for _ in range(n):
+                connections[rng.randrange(replicas)] += 1
+        rounds += 1
+        assert sum(connections) == total
+    assert max(connections) <= fair_ceiling(total, replicas), (rounds, connections)
+
+
+def sample(at: float, connections: list[int], requests: list[int]) -> Sample:
+    return Sample(at, pool(connections, requests))
+
+
+def run(rates: list[float], connections: list[int], seconds: float, step: float = 1.0) -> list[tuple[float, str, int]]:
+    """Decisions every ``step`` seconds of a pool whose replicas serve ``rates`` requests per second."""
+    memory, shed = Memory(), []
+    for i in range(int(seconds / step) + 1):
+        at = i * step
+        sheds, memory = decide(sample(at, connections, [int(r * at) for r in rates]), memory)
+        shed += [(at, s.name, s.connections) for s in sheds if s.reason == "load"]
+    return shed
+
+
+def test_a_hot_replica_sheds_for_load_after_the_hold_and_again_only_after_another() -> None:
+    shed = run([90, 30, 30, 30], [3, 3, 3, 3], seconds=25)
+    first = 1 + LOAD_HOLD_SECONDS  # the first rate needs a second sample
+    assert [(at, name) for at, name, _ in shed] == [(first, "r0"), (first + LOAD_HOLD_SECONDS, "r0")]
+    assert all(n == 1 for _, _, n in shed)  # floor(3 * (1 - 45/90)) = 1
+
+
+def test_load_skew_below_the_factor_or_on_a_single_connection_sheds_nothing() -> None:
+    assert run([50, 30, 30, 30], [3, 3, 3, 3], seconds=30) == []  # 50 < 1.5 x 35
+    assert run([90, 30, 30, 30], [1, 3, 3, 3], seconds=30) == []  # moving its one connection moves the heat
+    assert run([0.2, 0, 0, 0], [2, 2, 2, 2], seconds=30) == []  # too little traffic to mean anything
+
+
+def test_a_restarted_gateway_is_not_read_as_a_rate() -> None:
+    memory = Memory()
+    _, memory = decide(Sample(0.0, {"a": Traffic(2, 1000, "x"), "b": Traffic(2, 1000, "y")}), memory)
+    for at in range(1, 30):
+        sheds, memory = decide(Sample(float(at), {"a": Traffic(2, 1000 + 50 * at, "x2"),
+                                                  "b": Traffic(2, 1000 + 10 * at, "y")}), memory)
+        assert [s for s in sheds if s.name == "a" and at < 6] == []
+
+
+@given(st.lists(st.tuples(st.integers(0, 20), st.integers(0, 500)), min_size=2, max_size=6),
+       st.integers(min_value=2, max_value=40))
+def test_load_sheds_keep_a_connection_and_never_exceed_what_a_replica_holds(
+        replicas: list[tuple[int, int]], seconds: int) -> None:
+    connections = [c for c, _ in replicas]
+    for _, name, n in run([float(r) for _, r in replicas], connections, seconds=seconds):
+        assert 1 <= n <= connections[int(name[1:])] - 1
