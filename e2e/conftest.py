@@ -68,4 +68,5 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.write_line(
         f"e2e-summary: requests={TALLY.requests} failed={TALLY.failed} "
         f"scale_ops={TALLY.scale_ops} operator_kills={TALLY.operator_kills} "
-        f"plain_requests={TALLY.plain_requests} plain_failed={TALLY.plain_failed}")
+        f"plain_requests={TALLY.plain_requests} plain_failed={TALLY.plain_failed} "
+        f"spread_old_share={TALLY.spread_old_share:.3f} spread_min_new_share={TALLY.spread_min_new_share:.3f}")

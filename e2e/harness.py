@@ -39,6 +39,10 @@ class Tally:
     operator_kills: int = 0
     plain_requests: int = 0
     plain_failed: int = 0
+    spread_old_share: float = float("nan")
+    """The first replica's share of the requests in the 30 s after a scale 1 -> 4 spread (test_spread)."""
+    spread_min_new_share: float = float("nan")
+    """The smallest share of the three new replicas over the same 30 s."""
 
 
 TALLY = Tally()
@@ -119,11 +123,12 @@ class Cluster:
         return self.local.service_url(namespace, name)
 
     def plain_clients(self, namespace: str, pool: str) -> PlainClients:
-        """Unmodified clients (openai, httpx, requests) against the pool's Service ClusterIP.
+        """Unmodified clients (openai, httpx, requests) against the pool's Service ClusterIP."""
+        return PlainClients(self.service_answering(namespace, pool), served_model(self.pool(namespace, pool)))
 
-        Waits until the ClusterIP answers first: kube-proxy programs a new Service within about
-        a second, and a request before that is not what the scenarios are about.
-        """
+    def service_answering(self, namespace: str, pool: str) -> str:
+        """The pool Service's ClusterIP URL, once it answers: kube-proxy programs a new Service within
+        about a second, and a request before that is not what the scenarios are about."""
         url = self.service_url(namespace, pool)
 
         def answers() -> bool:
@@ -132,7 +137,7 @@ class Cluster:
             except httpx.HTTPError:
                 return False
         wait_for(f"Service {namespace}/{pool} to answer at {url}", answers, timeout=30, interval=0.2)
-        return PlainClients(url, served_model(self.pool(namespace, pool)))
+        return url
 
     def pool(self, namespace: str, name: str) -> dict[str, Any]:
         return json.loads(self.kubectl("get", "genrmpool", name, "-n", namespace, "-o", "json"))

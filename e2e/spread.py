@@ -1,0 +1,211 @@
+"""Keep-alive judge clients at their libraries' defaults, and each replica's share of the requests.
+
+`KeepAliveClients` is the mix a trainer runs: 8 threads on one `httpx.Client`, 4 `requests.Session`s,
+8 tasks on one `aiohttp.ClientSession` and 2 `openai.OpenAI` clients, all sending back to back
+through the pool's Service, none told anything about the pool. Each holds its connections for as
+long as it keeps sending, so kube-proxy (which places connections, not requests) decides once,
+at connect time, which replica gets a client's traffic. The `openai` clients keep their default
+retries; the retries they take are counted (from the library's own log), so a run shows whether a
+retry, rather than the pool, saved a request.
+
+`ShareMeter` reads every replica's `genrm_gateway_requests_total` from its sidecar's `/metrics`
+(the control port, at the pod's address) twice a second, so shares are what the replicas served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+import httpx
+import openai
+import requests
+
+from .plainclients import Failure, _status_failure
+
+MIX = {"httpx": 8, "requests": 4, "aiohttp": 8, "openai": 2}
+"""Client kind -> concurrent senders (httpx threads share a client, aiohttp tasks share a session)."""
+TIMEOUT_SECONDS = 30.0
+CONTROL_PORT = 8001
+
+
+class _RetryCounter(logging.Handler):
+    """Counts the openai client's "Retrying request" log records (its only trace of a retry)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.retries = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("Retrying request"):
+            self.retries += 1
+
+
+@dataclass
+class KeepAliveStats:
+    ok: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MIX, 0))
+    failures: list[Failure] = field(default_factory=list)
+
+    @property
+    def sent(self) -> int:
+        return sum(self.ok.values()) + len(self.failures)
+
+
+class KeepAliveClients:
+    """The `MIX` against `base_url` (http://<ClusterIP>:<port>); a context manager."""
+
+    def __init__(self, base_url: str, model: str, max_tokens: int = 16) -> None:
+        self.base_url, self.model, self.max_tokens = base_url, model, max_tokens
+        self.stats = KeepAliveStats()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ids = itertools.count()
+        self._threads: list[threading.Thread] = []
+        self._retry_log = _RetryCounter()
+        self._logger = logging.getLogger("openai._base_client")
+
+    @property
+    def openai_retries(self) -> int:
+        return self._retry_log.retries
+
+    def __enter__(self) -> KeepAliveClients:
+        self._logger.addHandler(self._retry_log)
+        self._saved_level = self._logger.level
+        self._logger.setLevel(logging.INFO)
+        self._httpx = httpx.Client(timeout=TIMEOUT_SECONDS)
+        senders: list[Callable[[], None]] = [self._httpx_sender] * MIX["httpx"]
+        senders += [self._requests_sender] * MIX["requests"] + [self._openai_sender] * MIX["openai"]
+        senders.append(self._aiohttp_senders)
+        self._threads = [threading.Thread(target=s, daemon=True, name=f"keepalive-{i}") for i, s in enumerate(senders)]
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=2 * TIMEOUT_SECONDS)
+        self._httpx.close()
+        self._logger.removeHandler(self._retry_log)
+        self._logger.setLevel(self._saved_level)
+
+    def ok_everywhere(self, at_least: int) -> bool:
+        with self._lock:
+            return all(n >= at_least for n in self.stats.ok.values())
+
+    def _record(self, kind: str, failure: str | None) -> None:
+        with self._lock:
+            if failure is None:
+                self.stats.ok[kind] += 1
+            else:
+                self.stats.failures.append(Failure(time.monotonic(), kind, failure))
+
+    def _native(self, kind: str) -> dict[str, object]:
+        return {"text": f"Judge answer {kind}-{next(self._ids)}: is 2+2=4?",
+                "sampling_params": {"max_new_tokens": self.max_tokens, "temperature": 0}}
+
+    def _httpx_sender(self) -> None:
+        while not self._stop.is_set():
+            try:
+                response = self._httpx.post(f"{self.base_url}/generate", json=self._native("httpx"))
+                failure = _status_failure(response.status_code, response.headers, response.text)
+            except httpx.HTTPError as exc:
+                failure = f"{type(exc).__name__}: {exc}"
+            self._record("httpx", failure)
+
+    def _requests_sender(self) -> None:
+        with requests.Session() as session:
+            while not self._stop.is_set():
+                try:
+                    response = session.post(f"{self.base_url}/generate", json=self._native("requests"),
+                                            timeout=TIMEOUT_SECONDS)
+                    failure = _status_failure(response.status_code, response.headers, response.text)
+                except requests.RequestException as exc:
+                    failure = f"{type(exc).__name__}: {exc}"
+                self._record("requests", failure)
+
+    def _openai_sender(self) -> None:
+        with openai.OpenAI(base_url=f"{self.base_url}/v1", api_key="unused") as client:
+            while not self._stop.is_set():
+                try:
+                    client.completions.create(model=self.model, max_tokens=self.max_tokens, temperature=0,
+                                              prompt=f"Judge answer openai-{next(self._ids)}: is 2+2=4?")
+                    failure = None
+                except openai.OpenAIError as exc:
+                    failure = f"{type(exc).__name__}: {exc}"
+                self._record("openai", failure)
+
+    def _aiohttp_senders(self) -> None:
+        asyncio.run(self._aiohttp_session())
+
+    async def _aiohttp_session(self) -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_SECONDS)) as session:
+            async def send() -> None:
+                while not self._stop.is_set():
+                    try:
+                        async with session.post(f"{self.base_url}/generate", json=self._native("aiohttp")) as response:
+                            text = await response.text()
+                            failure = _status_failure(response.status, response.headers, text)
+                    except (aiohttp.ClientError, TimeoutError) as exc:
+                        failure = f"{type(exc).__name__}: {exc}"
+                    self._record("aiohttp", failure)
+            await asyncio.gather(*(send() for _ in range(MIX["aiohttp"])))
+
+
+def requests_served(metrics_text: str) -> float:
+    """The sum of a sidecar's `genrm_gateway_requests_total` over routes and codes."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics_text.splitlines()
+               if line.startswith("genrm_gateway_requests_total{"))
+
+
+class ShareMeter:
+    """Each replica's served-request counter over time, for shares over any window; a context manager.
+
+    `addresses` gives the replicas to read (pod name -> pod IP) and is called at every reading, so
+    replicas that appear later are followed from then on."""
+
+    def __init__(self, addresses: Callable[[], dict[str, str]], every: float = 0.5) -> None:
+        self.addresses, self.every = addresses, every
+        self.readings: list[tuple[float, dict[str, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="share-meter")
+
+    def __enter__(self) -> ShareMeter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=2.0) as client:
+            while not self._stop.is_set():
+                counts: dict[str, float] = {}
+                for pod, ip in self.addresses().items():
+                    try:
+                        counts[pod] = requests_served(client.get(f"http://{ip}:{CONTROL_PORT}/metrics").text)
+                    except httpx.HTTPError:
+                        continue
+                self.readings.append((time.monotonic(), counts))
+                self._stop.wait(self.every)
+
+    def served(self, start: float, end: float) -> dict[str, float]:
+        """Requests each replica served between the readings nearest after ``start`` and before ``end``
+        (replicas read at both ends only)."""
+        first = next((r for r in self.readings if r[0] >= start), None)
+        last = next((r for r in reversed(self.readings) if r[0] <= end), None)
+        if first is None or last is None or last[0] <= first[0]:
+            return {}
+        return {pod: last[1][pod] - first[1][pod] for pod in last[1] if pod in first[1]}
+
+    def shares(self, start: float, end: float) -> dict[str, float]:
+        served = self.served(start, end)
+        total = sum(served.values())
+        return {pod: n / total for pod, n in served.items()} if total else {}

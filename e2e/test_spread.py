@@ -1,0 +1,146 @@
+"""Load spread on the local cluster: keep-alive clients reach the replicas a scale-out adds.
+
+Aspects: the keep-alive client mix (`spread.MIX`: httpx, requests, aiohttp and openai at their
+defaults) sends back to back through the pool's ClusterIP (kube-proxy places connections, not
+requests). After a scale 1 -> 4, within 10 s of the 4th publish every replica serves at least 15%
+of a 5 s window's requests, and over the 30 s after that the first replica serves at most 40%;
+after a rollout of the same pool, and after the built-in autoscaler (Auto, InFlight) scales a pool
+out under the same clients, every replica gets its share the same way (at least 0.6x and at most
+1.6x an even share). Nothing fails, and the openai clients' retries are counted and reported.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+from kubernetes import client
+
+from .harness import TALLY, Cluster, pool_manifest, served_model, wait_for
+from .spread import KeepAliveClients, ShareMeter
+
+ENGINE = {"extraArgs": ["--sim-startup-seconds", "1", "--sim-ttft-ms", "5", "--sim-itl-ms", "5"]}
+SPREAD_WITHIN_SECONDS = 10.0
+WINDOW_SECONDS = 5.0
+HOLD_SECONDS = 30.0
+
+
+def _addresses(cluster: Cluster, namespace: str, pool: str) -> Callable[[], dict[str, str]]:
+    core = client.CoreV1Api(cluster.api)
+
+    def addresses() -> dict[str, str]:
+        pods = core.list_namespaced_pod(namespace, label_selector=f"genrm.io/pool={pool}").items
+        return {p.metadata.name: p.status.pod_ip for p in pods
+                if p.status.pod_ip and not p.metadata.deletion_timestamp}
+    return addresses
+
+
+def _serving(cluster: Cluster, namespace: str, pool: str) -> int:
+    return int((cluster.pool(namespace, pool).get("status") or {}).get("servingReplicas") or 0)
+
+
+def _published(cluster: Cluster, namespace: str, pool: str) -> list[str]:
+    return sorted(p["metadata"]["name"] for p in cluster.pods(namespace, pool)
+                  if p["metadata"]["labels"].get("genrm.io/published") == "true"
+                  and not p["metadata"].get("deletionTimestamp"))
+
+
+def _spread_after(meter: ShareMeter, published_at: float, replicas: list[str]) -> tuple[float, dict[str, float]]:
+    """The end of the first 5 s window ending within 10 s of ``published_at`` in which every replica
+    served at least 0.6x an even share, and that window's shares (the last one tried if none)."""
+    floor = 0.6 / len(replicas)
+    end, shares = published_at + WINDOW_SECONDS, {}
+    while end <= published_at + SPREAD_WITHIN_SECONDS:
+        wait_for("share readings", lambda e=end: meter.readings and meter.readings[-1][0] >= e,
+                 timeout=20, interval=0.2)
+        shares = meter.shares(end - WINDOW_SECONDS, end)
+        if set(shares) >= set(replicas) and all(shares[r] >= floor for r in replicas):
+            return end, shares
+        end += 0.5
+    raise AssertionError(f"no 5 s window within {SPREAD_WITHIN_SECONDS} s of the last publish gave every replica "
+                         f"{floor:.0%}: last window's shares {shares}")
+
+
+def _held(meter: ShareMeter, start: float) -> dict[str, float]:
+    """The shares over the ``HOLD_SECONDS`` from ``start``."""
+    wait_for("the hold period", lambda: meter.readings and meter.readings[-1][0] >= start + HOLD_SECONDS,
+             timeout=HOLD_SECONDS + 20, interval=0.5)
+    return meter.shares(start, start + HOLD_SECONDS)
+
+
+def _no_failures(clients: KeepAliveClients) -> None:
+    TALLY.plain_requests += clients.stats.sent
+    TALLY.plain_failed += len(clients.stats.failures)
+    assert not clients.stats.failures, [str(f) for f in clients.stats.failures[:20]]
+
+
+def test_keep_alive_clients_reach_replicas_added_by_a_scale_out_and_a_rollout(cluster: Cluster, namespace: str) -> None:
+    name = "spread"
+    cluster.kubectl("apply", "-f", "-", input=pool_manifest(name, namespace, replicas=1, engine=ENGINE))
+    cluster.wait_serving(namespace, name, 1)
+    url = cluster.service_answering(namespace, name)
+    model = served_model(cluster.pool(namespace, name))
+    (first,) = _published(cluster, namespace, name)
+    with ShareMeter(_addresses(cluster, namespace, name)) as meter, KeepAliveClients(url, model) as clients:
+        wait_for("every client kind answered", lambda: clients.ok_everywhere(10), timeout=60)
+        cluster.scale(namespace, name, 4)
+        wait_for("4 replicas serving", lambda: _serving(cluster, namespace, name) == 4, timeout=120, interval=0.2)
+        published_at = time.monotonic()
+        replicas = _published(cluster, namespace, name)
+        assert len(replicas) == 4 and first in replicas, replicas
+        spread_at, window = _spread_after(meter, published_at, replicas)
+        held = _held(meter, spread_at)
+        assert held[first] <= 0.40, held
+        new_shares = [share for pod, share in held.items() if pod != first]
+        print(f"\nspread-e2e: scale 1->4 spread_s={spread_at - published_at:.1f} window={_fmt(window)} "
+              f"held={_fmt(held)} requests={clients.stats.sent} openai_retries={clients.openai_retries}")
+        TALLY.spread_old_share = held[first]
+        TALLY.spread_min_new_share = min(new_shares)
+
+        # A rollout replaces every replica; the last replacement's publish is the moment that counts.
+        generation = cluster.pool(namespace, name)["metadata"]["generation"]
+        cluster.kubectl("patch", "genrmpool", name, "-n", namespace, "--type", "merge", "-p",
+                        json.dumps({"spec": {"engine": {"env": [{"name": "JUDGE_MODE", "value": "strict"}]}}}))
+        rolled = cluster.wait_serving(namespace, name, 4, timeout=240)
+        assert rolled["metadata"]["generation"] > generation
+        published_at = time.monotonic()
+        replicas = _published(cluster, namespace, name)
+        assert first not in replicas, replicas
+        spread_at, window = _spread_after(meter, published_at, replicas)
+        held = _held(meter, spread_at)
+        assert max(held.values()) <= 0.40, held
+        print(f"spread-e2e: rollout spread_s={spread_at - published_at:.1f} window={_fmt(window)} "
+              f"held={_fmt(held)} requests={clients.stats.sent} openai_retries={clients.openai_retries}")
+    _no_failures(clients)
+
+
+AUTOSCALING = {
+    "mode": "Auto", "minReplicas": 1, "maxReplicas": 3, "intervalSeconds": 2,
+    "metrics": [{"type": "InFlight", "target": {"averageValue": "4"}}],
+    "behavior": {"scaleDown": {"stabilizationWindowSeconds": 600}},
+}
+
+
+def test_keep_alive_clients_reach_replicas_the_autoscaler_adds(cluster: Cluster, namespace: str) -> None:
+    name = "autospread"
+    cluster.kubectl("apply", "-f", "-", input=pool_manifest(name, namespace, replicas=1, engine=ENGINE,
+                                                            autoscaling=AUTOSCALING))
+    cluster.wait_serving(namespace, name, 1)
+    url = cluster.service_answering(namespace, name)
+    model = served_model(cluster.pool(namespace, name))
+    with ShareMeter(_addresses(cluster, namespace, name)) as meter, KeepAliveClients(url, model) as clients:
+        wait_for("the autoscaler's scale-out to 3", lambda: _serving(cluster, namespace, name) == 3,
+                 timeout=120, interval=0.2)
+        published_at = time.monotonic()
+        replicas = _published(cluster, namespace, name)
+        spread_at, window = _spread_after(meter, published_at, replicas)
+        held = _held(meter, spread_at)
+        assert max(held.values()) <= 1.6 / 3, held
+        print(f"\nspread-e2e: autoscaler 1->3 spread_s={spread_at - published_at:.1f} window={_fmt(window)} "
+              f"held={_fmt(held)} requests={clients.stats.sent} openai_retries={clients.openai_retries}")
+    _no_failures(clients)
+
+
+def _fmt(shares: dict[str, float]) -> str:
+    return ",".join(f"{pod.rsplit('-', 1)[-1]}:{share:.2f}" for pod, share in sorted(shares.items()))
