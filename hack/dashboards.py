@@ -198,6 +198,11 @@ POOL_OVERVIEW = Dashboard(
                   _quantiles("genrm_operator_reconcile_duration_seconds", POOL, "pool", "{{pool}}")),
             Panel("Active pools", "Pools with a running reconciler, per operator pod.", "short",
                   (Target("sum by (pod) (genrm_operator_active_pools)", "{{pod}}"),)),
+            Panel("Connection sheds", "Client connections the operator asked replicas to hand back per second, "
+                  "by reason (balance: above the fair share of connections; load: above 1.5x the mean request "
+                  "rate); see the Gateway dashboard's Load spread row for what the replicas did.", "ops",
+                  (Target(f"sum by (pool, reason) (rate(genrm_pool_connections_shed_total{{{POOL}}}[{RATE}]))",
+                          "{{pool}} {{reason}}"),), stack=True),
             Panel("Sidecar requests", "Requests the operator makes to replica sidecars (state long polls, drains, "
                   "verification probes), per second, by call and answer code; operator-wide.", "reqps",
                   (Target(f"sum by (call, code) (rate(genrm_operator_sidecar_requests_total[{RATE}]))",
@@ -222,6 +227,20 @@ GATEWAY = Dashboard(
                   max=1),
             Panel("Latency per pod", "Median and 99th percentile time from admission to the last response byte.",
                   "s", _quantiles(Series.REQUEST_DURATION, POD, "pod", "{{pod}}"), width=WIDTH),
+        )),
+        Row("Load spread", (
+            Panel("Request share per pod", "Each pod's share of its pool's requests: kube-proxy places connections, "
+                  "not requests, so an even share shows that client connections follow the pool (the operator's "
+                  "balancer and the maximum connection age hand connections back).", "percentunit",
+                  (Target(f"sum by (pod) (rate({Series.REQUESTS}_total{{{POD}}}[{RATE}])) / ignoring(pod) "
+                          f"group_left sum(rate({Series.REQUESTS}_total{{{POD}}}[{RATE}]))", "{{pod}}"),),
+                  max=1),
+            Panel("Client connections per pod", "Open client connections on the traffic port, per pod.", "short",
+                  (Target(f"sum by (pod) ({Series.OPEN_CONNECTIONS}{{{POD}}})", "{{pod}}"),)),
+            Panel("Connections handed back", "Client connections closed gently per second for the client to "
+                  "reconnect elsewhere, by reason (balance, load: asked by the operator; maxAge: the backstop).",
+                  "ops", (Target(f"sum by (reason) (rate({Series.HANDED_BACK}_total{{{POD}}}[{RATE}]))",
+                                 "{{reason}}"),), stack=True),
         )),
         Row("Admission and drain", (
             Panel("In-flight requests", "Requests admitted and not yet answered, per pod.", "short",

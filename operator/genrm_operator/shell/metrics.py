@@ -7,6 +7,7 @@ each pool has one daemon). Per-pool series are removed when the pool goes.
 
 from __future__ import annotations
 
+from genrm_contract.sidecar import HandBack
 from prometheus_client import Counter, Gauge, Histogram
 
 from ..api.pool import GenRMPoolSpec, GenRMPoolStatus
@@ -61,6 +62,8 @@ def start_pool(namespace: str, pool: str) -> None:
     broken scrape)."""
     for counter in (RECONCILE_ERRORS, FORCED_DRAINS, VERIFICATION_FAILURES):
         counter.labels(namespace, pool)
+    for reason in (HandBack.BALANCE, HandBack.LOAD):
+        CONNECTIONS_SHED.labels(namespace, pool, reason.value)
 
 
 def observe_status(namespace: str, pool: str, spec: GenRMPoolSpec, status: GenRMPoolStatus) -> None:
