@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml hack/pyproject.toml const
 CLUSTER ?= local
 VERSION := $(shell sed -n "s/^version = \"\(.*\)\"/\1/p" pyproject.toml)
 
-.PHONY: venv tools test unit lint e2e soak dev crds sglang-contract bench-gateway bench-autoscaler bench-operator images control-plane clean
+.PHONY: venv tools test unit lint e2e soak dev crds sglang-contract bench-gateway bench-autoscaler bench-spread bench-operator images control-plane clean
 
 ## venv: the project and its development tools (hack/pyproject.toml: local cluster, benchmarks, test
 ## helpers; never shipped), both editable
@@ -70,6 +70,11 @@ bench-gateway: venv
 
 bench-autoscaler: venv control-plane
 	GENRM_BIN_DIR="$$(hack/control-plane.sh)" $(PY) -m e2e.bench_autoscaler
+
+## bench-spread: per-replica request share, p99 and hand-backs after a scale 1 -> 4 under 8, 25 and 64
+## keep-alive client connections through the Service (CONNECTIONS=n,... to choose)
+bench-spread: venv tools control-plane
+	GENRM_BIN_DIR="$$(hack/control-plane.sh)" $(PY) -m e2e.bench_spread $(if $(CONNECTIONS),--connections $(CONNECTIONS))
 
 ## bench-operator: operator reaction, publish overhead and cost beside the ReplicaSet controller;
 ## SIZES=PxR,... (pools x replicas), MODE=hollow|real|both (default both: 5x3,20x3 real, 10x5,50x20 hollow)

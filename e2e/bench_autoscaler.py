@@ -1,14 +1,20 @@
 """``make bench-autoscaler``: the built-in autoscaler against a scripted load step on the local cluster.
 
 A simulated pool (one replica, mode Auto, InFlight target 2 per replica, 2-second interval)
-gets a closed-loop load of 4x one replica's capacity (8 clients, each keeping about one
-request in flight), holds it, then drops to zero. Measured from the operator's own writes
-and status, polled every 0.2 s:
+gets a closed-loop load of 4x one replica's capacity (8 senders, each keeping about one
+request in flight), holds it, then drops to zero. The senders are keep-alive clients at their
+libraries' defaults going through the pool's Service ClusterIP, as a trainer's are (`spread.py`:
+3 threads on one httpx.Client, 2 requests.Sessions, 2 aiohttp tasks on one session, one openai
+client), so a replica the autoscaler adds gets traffic only if connections are handed back to
+kube-proxy. Measured from the operator's own writes and status, polled every 0.2 s, and from the
+replicas' own ``/metrics``:
 
 * reaction: load step -> first scale-up written to ``spec.replicas`` (target <= 2 intervals);
 * settle: load step -> enough serving replicas (4);
 * flaps: direction changes of ``spec.replicas`` while the load holds (target 0);
 * overshoot: most replicas asked for while the load holds, minus the 4 needed (target <= 1);
+* new share: the share of the requests the replicas added by the scale-out served over the rest
+  of the hold once settled (an even share is 0.75 with 4 replicas), and the smallest single share;
 * failed: requests that did not succeed over the whole run, scale-in included (target 0).
 
 It lives beside the end-to-end suite and uses its cluster, operator process, pool manifest and
@@ -31,8 +37,8 @@ from typing import Any, cast
 from genrm_cluster.cluster import LocalCluster
 from kubernetes import client
 
-from .harness import REPO, Cluster, OperatorProcess, pool_manifest
-from .loadclient import LoadClient
+from .harness import REPO, Cluster, OperatorProcess, pool_manifest, served_model
+from .spread import KeepAliveClients, ShareMeter
 
 INTERVAL_S = 2
 TARGET = 2
@@ -48,6 +54,9 @@ AUTOSCALING = {
                                "policies": [{"type": "Pods", "value": 8, "periodSeconds": 15}]}},
 }
 ENGINE = {"extraArgs": ["--sim-startup-seconds", "2", "--sim-ttft-ms", "5", "--sim-itl-ms", "20"]}
+MIX = {"httpx": 3, "requests": 2, "aiohttp": 2, "openai": 1}
+"""PEAK x TARGET senders of every kind of keep-alive client."""
+MAX_TOKENS = 64
 
 
 @dataclass
@@ -98,15 +107,24 @@ def main() -> int:
             cluster.kubectl("apply", "-f", "-", input=pool_manifest(POOL, NAMESPACE, replicas=1, engine=ENGINE,
                                                                     autoscaling=AUTOSCALING))
             cluster.wait_serving(NAMESPACE, POOL, 1)
+            (first,) = cluster.published(NAMESPACE, POOL)
+            url = cluster.service_answering(NAMESPACE, POOL)
+            model = served_model(cluster.pool(NAMESPACE, POOL))
             api = client.CustomObjectsApi(cluster.api)
             trace = Trace()
-            with LoadClient(cluster.api, NAMESPACE, POOL, workers=PEAK * TARGET, max_new_tokens=64) as load:
+            with ShareMeter(lambda: cluster.pod_addresses(NAMESPACE, POOL)) as meter, \
+                    KeepAliveClients(url, model, MAX_TOKENS, mix=MIX) as load:
                 start = time.monotonic()
                 poll(api, start, trace, HOLD_S)
             poll(api, start, trace, HOLD_S + 120, settled_at=1)  # the drop to zero: scale-in, victims drain
             scaled_in = trace.samples[-1][1]
+            settled = trace.settle(need)
+            shares = meter.shares(start + (HOLD_S if settled is None else settled), start + HOLD_S)
         finally:
             operator.stop()
+    new_share = sum(share for pod, share in shares.items() if pod != first)
+    least = min(shares.values(), default=0.0)
+    failed, sent = len(load.stats.failures), load.stats.sent
     reaction, settle = trace.reaction(1), trace.settle(need)
     reaction, settle = (None if x is None else round(x, 1) for x in (reaction, settle))
     flaps, overshoot = trace.flaps(HOLD_S), trace.overshoot(need, HOLD_S)
@@ -114,13 +132,15 @@ def main() -> int:
             ("settle (load step -> enough serving replicas)", f"{settle} s", f"{need} serving"),
             ("flaps during the hold", f"{flaps}", "0"),
             ("overshoot replicas", f"{overshoot}", "<= 1"),
-            ("failed requests", f"{load.stats.failed} of {load.stats.sent}", "0"),
+            ("share of the added replicas once settled", f"{new_share:.2f}", f"{1 - 1 / need:.2f} (even)"),
+            ("smallest replica share once settled", f"{least:.2f}", f">= {0.6 / need:.2f}"),
+            ("failed requests", f"{failed} of {sent}", "0"),
             ("replicas after the drop", f"{scaled_in}", "1")]
     for name, value, target in rows:
         print(f"{name:<50} {value:>12}   target {target}")
     print(f"autoscaler-bench: reaction_s={-1.0 if reaction is None else reaction:.1f} "
           f"settle_s={-1.0 if settle is None else settle:.1f} flaps={flaps} overshoot_replicas={overshoot} "
-          f"failed={load.stats.failed}")
+          f"new_share={new_share:.3f} min_share={least:.3f} failed={failed} openai_retries={load.openai_retries}")
     return 0
 
 

@@ -146,6 +146,21 @@ class Cluster:
         out = self.kubectl("get", "pods", "-n", namespace, "-l", f"genrm.io/pool={pool}", "-o", "json")
         return list(json.loads(out)["items"])
 
+    def serving_replicas(self, namespace: str, name: str) -> int:
+        return int((self.pool(namespace, name).get("status") or {}).get("servingReplicas") or 0)
+
+    def published(self, namespace: str, pool: str) -> list[str]:
+        """Names of the pool's pods the Service routes to (published and not being deleted)."""
+        return sorted(p["metadata"]["name"] for p in self.pods(namespace, pool)
+                      if p["metadata"]["labels"].get("genrm.io/published") == "true"
+                      and not p["metadata"].get("deletionTimestamp"))
+
+    def pod_addresses(self, namespace: str, pool: str) -> dict[str, str]:
+        """Pod name -> pod IP of the pool's live pods (through the API client: cheap enough to poll)."""
+        pods = client.CoreV1Api(self.api).list_namespaced_pod(namespace, label_selector=f"genrm.io/pool={pool}")
+        return {p.metadata.name: p.status.pod_ip for p in pods.items
+                if p.status.pod_ip and not p.metadata.deletion_timestamp}
+
     def scale(self, namespace: str, name: str, replicas: int) -> None:
         self.kubectl("scale", "genrmpool", name, "-n", namespace, f"--replicas={replicas}")
         TALLY.scale_ops += 1

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +27,8 @@ import aiohttp
 import httpx
 import openai
 import requests
+from genrm_contract.sidecar import Series
+from prometheus_client.parser import text_string_to_metric_families
 
 from .plainclients import Failure, _status_failure
 
@@ -33,6 +36,10 @@ MIX = {"httpx": 8, "requests": 4, "aiohttp": 8, "openai": 2}
 """Client kind -> concurrent senders (httpx threads share a client, aiohttp tasks share a session)."""
 TIMEOUT_SECONDS = 30.0
 CONTROL_PORT = 8001
+WINDOW_SECONDS = 5.0
+"""Shares are judged over windows this long: shorter ones read a few slow requests as skew."""
+EVEN_FLOOR = 0.6
+"""A replica serving at least this fraction of an even share (15% of four) counts as reached."""
 
 
 class _RetryCounter(logging.Handler):
@@ -49,7 +56,7 @@ class _RetryCounter(logging.Handler):
 
 @dataclass
 class KeepAliveStats:
-    ok: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MIX, 0))
+    ok: dict[str, int] = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
 
     @property
@@ -58,11 +65,13 @@ class KeepAliveStats:
 
 
 class KeepAliveClients:
-    """The `MIX` against `base_url` (http://<ClusterIP>:<port>); a context manager."""
+    """Senders of each kind in ``mix`` (default `MIX`) against `base_url` (http://<ClusterIP>:<port>);
+    a context manager."""
 
-    def __init__(self, base_url: str, model: str, max_tokens: int = 16) -> None:
+    def __init__(self, base_url: str, model: str, max_tokens: int = 16, mix: dict[str, int] | None = None) -> None:
         self.base_url, self.model, self.max_tokens = base_url, model, max_tokens
-        self.stats = KeepAliveStats()
+        self.mix = dict(MIX if mix is None else mix)
+        self.stats = KeepAliveStats(dict.fromkeys(self.mix, 0))
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._ids = itertools.count()
@@ -79,9 +88,11 @@ class KeepAliveClients:
         self._saved_level = self._logger.level
         self._logger.setLevel(logging.INFO)
         self._httpx = httpx.Client(timeout=TIMEOUT_SECONDS)
-        senders: list[Callable[[], None]] = [self._httpx_sender] * MIX["httpx"]
-        senders += [self._requests_sender] * MIX["requests"] + [self._openai_sender] * MIX["openai"]
-        senders.append(self._aiohttp_senders)
+        senders: list[Callable[[], None]] = [self._httpx_sender] * self.mix.get("httpx", 0)
+        senders += [self._requests_sender] * self.mix.get("requests", 0)
+        senders += [self._openai_sender] * self.mix.get("openai", 0)
+        if self.mix.get("aiohttp"):
+            senders.append(self._aiohttp_senders)
         self._threads = [threading.Thread(target=s, daemon=True, name=f"keepalive-{i}") for i, s in enumerate(senders)]
         for thread in self._threads:
             thread.start()
@@ -155,13 +166,45 @@ class KeepAliveClients:
                     except (aiohttp.ClientError, TimeoutError) as exc:
                         failure = f"{type(exc).__name__}: {exc}"
                     self._record("aiohttp", failure)
-            await asyncio.gather(*(send() for _ in range(MIX["aiohttp"])))
+            await asyncio.gather(*(send() for _ in range(self.mix["aiohttp"])))
 
 
-def requests_served(metrics_text: str) -> float:
-    """The sum of a sidecar's `genrm_gateway_requests_total` over routes and codes."""
-    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics_text.splitlines()
-               if line.startswith("genrm_gateway_requests_total{"))
+@dataclass(frozen=True)
+class Reading:
+    """What one sidecar's `/metrics` said of its traffic at one moment."""
+
+    requests: float
+    """`genrm_gateway_requests_total`, summed over routes and codes."""
+    durations: tuple[tuple[float, float], ...]
+    """`genrm_gateway_request_duration_seconds` buckets (upper bound, cumulative count), summed over routes."""
+    handed_back: float
+    """`genrm_gateway_connections_handed_back_total`, summed over reasons."""
+    connections: float
+
+
+def reading(metrics_text: str) -> Reading:
+    requests = handed_back = connections = 0.0
+    buckets: dict[float, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == f"{Series.REQUESTS}_total":
+                requests += sample.value
+            elif sample.name == f"{Series.REQUEST_DURATION}_bucket":
+                le = float(sample.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + sample.value
+            elif sample.name == f"{Series.HANDED_BACK}_total":
+                handed_back += sample.value
+            elif sample.name == Series.OPEN_CONNECTIONS:
+                connections = sample.value
+    return Reading(requests, tuple(sorted(buckets.items())), handed_back, connections)
+
+
+def quantile(q: float, before: Reading, after: Reading) -> float:
+    """The ``q`` quantile of the request durations observed between two readings (a bucket's upper
+    bound, as Prometheus' histogram_quantile reads it without interpolation)."""
+    counts = [(le, a - b) for (le, a), (_, b) in zip(after.durations, before.durations, strict=True)]
+    total = counts[-1][1] if counts else 0.0
+    return next((le for le, n in counts if n >= q * total), math.inf) if total else math.nan
 
 
 class ShareMeter:
@@ -172,7 +215,7 @@ class ShareMeter:
 
     def __init__(self, addresses: Callable[[], dict[str, str]], every: float = 0.5) -> None:
         self.addresses, self.every = addresses, every
-        self.readings: list[tuple[float, dict[str, float]]] = []
+        self.readings: list[tuple[float, dict[str, Reading]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="share-meter")
 
@@ -187,23 +230,49 @@ class ShareMeter:
     def _run(self) -> None:
         with httpx.Client(timeout=2.0) as client:
             while not self._stop.is_set():
-                counts: dict[str, float] = {}
+                readings: dict[str, Reading] = {}
                 for pod, ip in self.addresses().items():
                     try:
-                        counts[pod] = requests_served(client.get(f"http://{ip}:{CONTROL_PORT}/metrics").text)
+                        readings[pod] = reading(client.get(f"http://{ip}:{CONTROL_PORT}/metrics").text)
                     except httpx.HTTPError:
                         continue
-                self.readings.append((time.monotonic(), counts))
+                self.readings.append((time.monotonic(), readings))
                 self._stop.wait(self.every)
 
-    def served(self, start: float, end: float) -> dict[str, float]:
-        """Requests each replica served between the readings nearest after ``start`` and before ``end``
-        (replicas read at both ends only)."""
+    def between(self, start: float, end: float) -> tuple[float, dict[str, tuple[Reading, Reading]]]:
+        """Seconds between the readings nearest after ``start`` and before ``end``, and each replica's
+        reading at both (replicas read at both ends only)."""
         first = next((r for r in self.readings if r[0] >= start), None)
         last = next((r for r in reversed(self.readings) if r[0] <= end), None)
         if first is None or last is None or last[0] <= first[0]:
-            return {}
-        return {pod: last[1][pod] - first[1][pod] for pod in last[1] if pod in first[1]}
+            return 0.0, {}
+        return last[0] - first[0], {pod: (first[1][pod], last[1][pod]) for pod in last[1] if pod in first[1]}
+
+    def served(self, start: float, end: float) -> dict[str, float]:
+        """Requests each replica served between ``start`` and ``end`` (see `between`)."""
+        return {pod: after.requests - before.requests for pod, (before, after) in self.between(start, end)[1].items()}
+
+    def wait_until(self, at: float) -> None:
+        """Block until a reading at or after ``at`` (monotonic) exists."""
+        while not (self.readings and self.readings[-1][0] >= at):
+            if not self._thread.is_alive():
+                raise RuntimeError("the share meter stopped")
+            time.sleep(0.1)
+
+    def first_even_window(self, since: float, replicas: list[str], within: float
+                          ) -> tuple[float | None, dict[str, float]]:
+        """The end of the first `WINDOW_SECONDS` window ending within ``within`` seconds of ``since`` in which
+        each of ``replicas`` served at least `EVEN_FLOOR` of an even share, and its shares; None and the
+        last window's shares when no window did (windows start every half second)."""
+        floor = EVEN_FLOOR / len(replicas)
+        end, shares = since + WINDOW_SECONDS, {}
+        while end <= since + within:
+            self.wait_until(end)
+            shares = self.shares(end - WINDOW_SECONDS, end)
+            if all(shares.get(r, 0.0) >= floor for r in replicas):
+                return end, shares
+            end += 0.5
+        return None, shares
 
     def shares(self, start: float, end: float) -> dict[str, float]:
         served = self.served(start, end)

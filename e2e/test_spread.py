@@ -13,59 +13,27 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
-
-from kubernetes import client
 
 from .harness import TALLY, Cluster, pool_manifest, served_model, wait_for
-from .spread import KeepAliveClients, ShareMeter
+from .spread import EVEN_FLOOR, KeepAliveClients, ShareMeter
 
 ENGINE = {"extraArgs": ["--sim-startup-seconds", "1", "--sim-ttft-ms", "5", "--sim-itl-ms", "5"]}
 SPREAD_WITHIN_SECONDS = 10.0
-WINDOW_SECONDS = 5.0
 HOLD_SECONDS = 30.0
 
 
-def _addresses(cluster: Cluster, namespace: str, pool: str) -> Callable[[], dict[str, str]]:
-    core = client.CoreV1Api(cluster.api)
-
-    def addresses() -> dict[str, str]:
-        pods = core.list_namespaced_pod(namespace, label_selector=f"genrm.io/pool={pool}").items
-        return {p.metadata.name: p.status.pod_ip for p in pods
-                if p.status.pod_ip and not p.metadata.deletion_timestamp}
-    return addresses
-
-
-def _serving(cluster: Cluster, namespace: str, pool: str) -> int:
-    return int((cluster.pool(namespace, pool).get("status") or {}).get("servingReplicas") or 0)
-
-
-def _published(cluster: Cluster, namespace: str, pool: str) -> list[str]:
-    return sorted(p["metadata"]["name"] for p in cluster.pods(namespace, pool)
-                  if p["metadata"]["labels"].get("genrm.io/published") == "true"
-                  and not p["metadata"].get("deletionTimestamp"))
-
-
 def _spread_after(meter: ShareMeter, published_at: float, replicas: list[str]) -> tuple[float, dict[str, float]]:
-    """The end of the first 5 s window ending within 10 s of ``published_at`` in which every replica
-    served at least 0.6x an even share, and that window's shares (the last one tried if none)."""
-    floor = 0.6 / len(replicas)
-    end, shares = published_at + WINDOW_SECONDS, {}
-    while end <= published_at + SPREAD_WITHIN_SECONDS:
-        wait_for("share readings", lambda e=end: meter.readings and meter.readings[-1][0] >= e,
-                 timeout=20, interval=0.2)
-        shares = meter.shares(end - WINDOW_SECONDS, end)
-        if set(shares) >= set(replicas) and all(shares[r] >= floor for r in replicas):
-            return end, shares
-        end += 0.5
-    raise AssertionError(f"no 5 s window within {SPREAD_WITHIN_SECONDS} s of the last publish gave every replica "
-                         f"{floor:.0%}: last window's shares {shares}")
+    """The end of the first 5 s window within 10 s of ``published_at`` in which every replica served
+    at least 0.6x an even share, and that window's shares."""
+    end, shares = meter.first_even_window(published_at, replicas, SPREAD_WITHIN_SECONDS)
+    assert end is not None, (f"no 5 s window within {SPREAD_WITHIN_SECONDS} s of the last publish gave every "
+                             f"replica of {replicas} {EVEN_FLOOR / len(replicas):.0%}: last window's shares {shares}")
+    return end, shares
 
 
 def _held(meter: ShareMeter, start: float) -> dict[str, float]:
     """The shares over the ``HOLD_SECONDS`` from ``start``."""
-    wait_for("the hold period", lambda: meter.readings and meter.readings[-1][0] >= start + HOLD_SECONDS,
-             timeout=HOLD_SECONDS + 20, interval=0.5)
+    meter.wait_until(start + HOLD_SECONDS)
     return meter.shares(start, start + HOLD_SECONDS)
 
 
@@ -81,13 +49,14 @@ def test_keep_alive_clients_reach_replicas_added_by_a_scale_out_and_a_rollout(cl
     cluster.wait_serving(namespace, name, 1)
     url = cluster.service_answering(namespace, name)
     model = served_model(cluster.pool(namespace, name))
-    (first,) = _published(cluster, namespace, name)
-    with ShareMeter(_addresses(cluster, namespace, name)) as meter, KeepAliveClients(url, model) as clients:
+    (first,) = cluster.published(namespace, name)
+    with ShareMeter(lambda: cluster.pod_addresses(namespace, name)) as meter, KeepAliveClients(url, model) as clients:
         wait_for("every client kind answered", lambda: clients.ok_everywhere(10), timeout=60)
         cluster.scale(namespace, name, 4)
-        wait_for("4 replicas serving", lambda: _serving(cluster, namespace, name) == 4, timeout=120, interval=0.2)
+        wait_for("4 replicas serving", lambda: cluster.serving_replicas(namespace, name) == 4,
+                 timeout=120, interval=0.2)
         published_at = time.monotonic()
-        replicas = _published(cluster, namespace, name)
+        replicas = cluster.published(namespace, name)
         assert len(replicas) == 4 and first in replicas, replicas
         spread_at, window = _spread_after(meter, published_at, replicas)
         held = _held(meter, spread_at)
@@ -105,7 +74,7 @@ def test_keep_alive_clients_reach_replicas_added_by_a_scale_out_and_a_rollout(cl
         rolled = cluster.wait_serving(namespace, name, 4, timeout=240)
         assert rolled["metadata"]["generation"] > generation
         published_at = time.monotonic()
-        replicas = _published(cluster, namespace, name)
+        replicas = cluster.published(namespace, name)
         assert first not in replicas, replicas
         spread_at, window = _spread_after(meter, published_at, replicas)
         held = _held(meter, spread_at)
@@ -129,11 +98,11 @@ def test_keep_alive_clients_reach_replicas_the_autoscaler_adds(cluster: Cluster,
     cluster.wait_serving(namespace, name, 1)
     url = cluster.service_answering(namespace, name)
     model = served_model(cluster.pool(namespace, name))
-    with ShareMeter(_addresses(cluster, namespace, name)) as meter, KeepAliveClients(url, model) as clients:
-        wait_for("the autoscaler's scale-out to 3", lambda: _serving(cluster, namespace, name) == 3,
+    with ShareMeter(lambda: cluster.pod_addresses(namespace, name)) as meter, KeepAliveClients(url, model) as clients:
+        wait_for("the autoscaler's scale-out to 3", lambda: cluster.serving_replicas(namespace, name) == 3,
                  timeout=120, interval=0.2)
         published_at = time.monotonic()
-        replicas = _published(cluster, namespace, name)
+        replicas = cluster.published(namespace, name)
         spread_at, window = _spread_after(meter, published_at, replicas)
         held = _held(meter, spread_at)
         assert max(held.values()) <= 1.6 / 3, held
