@@ -66,6 +66,11 @@ class Limits:
                                                       "Connection: close, or it closes once idle; 0 turns this off")
     engine_wait_seconds: float = _limit(5.0, "a request that finds the engine unreachable waits this long for it "
                                              "to come back (a restarted container) before a retryable 503")
+    engine_head_timeout_seconds: float = _limit(600.0, "an engine answer whose head has not come this long after the "
+                                                       "request was sent gets 504 (a non-streamed answer's head comes "
+                                                       "only when its generation ends)")
+    engine_read_timeout_seconds: float = _limit(300.0, "an engine answer that sends nothing more this long (while the "
+                                                       "gateway reads it) is ended: 504, or a cut stream")
 
 
 @dataclass(frozen=True)

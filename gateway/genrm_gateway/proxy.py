@@ -28,7 +28,15 @@ from genrm_gateway.engine import EngineMonitor
 from genrm_gateway.errors import CLOSE_HEADER, REASON_HEADER, Refusal, error_body
 from genrm_gateway.metrics import GatewayMetrics
 from genrm_gateway.routes import ProxiedRoute
-from genrm_gateway.upstream import ClientGone, EngineError, EnginePool, EngineUnavailable, Exchange, InvalidField
+from genrm_gateway.upstream import (
+    ClientGone,
+    EngineError,
+    EnginePool,
+    EngineTimeout,
+    EngineUnavailable,
+    Exchange,
+    InvalidField,
+)
 
 REQUEST_ID_HEADER = b"x-request-id"
 DRAINING_HEADER = (DRAINING.encode(), b"1")
@@ -164,7 +172,7 @@ class Proxy:
             data = self._pool.serialize(route.method, route.name, body, forwarded)
         except InvalidField:
             raise Refusal(400, "invalidHeader", "a header value is not allowed by RFC 9110") from None
-        exchange = Exchange(self._limits.stream_buffer_bytes)
+        exchange = Exchange(self._limits)
         watcher = _DisconnectWatcher(receive, exchange)
         try:
             try:
@@ -185,10 +193,15 @@ class Proxy:
             raise Refusal(503, exc.reason, f"{exc}; retry on another replica", (RETRY_AFTER,), close=True) from exc
         except EngineError as exc:
             self._engine.recheck()
+            code = 502
+            if isinstance(exc, EngineTimeout):
+                code = 504
+                await self._abort(abort_rid)  # the engine may still be working on it
             if exchange.answered:
                 # Headers already went out: cutting the stream is the only honest signal left.
-                return 502
-            raise Refusal(502, exc.reason, str(exc)) from exc
+                self._metrics.refused(exc.reason)
+                return code
+            raise Refusal(code, exc.reason, str(exc)) from exc
         finally:
             watcher.stop()
             exchange.discard()  # a response not read to its end leaves its engine connection unusable

@@ -5,7 +5,7 @@ whole overhead, and on a 2-core pod such a client costs more per request than th
 HTTP stack. The response is parsed by httptools (llhttp, the parser uvicorn uses) straight
 into the waiting exchange; the request head is written from constants and RFC 9110-checked
 fields (held to h11's judgement by a differential test); what is ours is the pooling, one
-``write`` per request on a kept-alive connection, and flow control.
+``write`` per request on a kept-alive connection, flow control and the engine timeouts.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import cast
 import httptools
 from genrm_contract.sidecar import Reason
 
-from genrm_gateway.config import EngineAddress
+from genrm_gateway.config import EngineAddress, Limits
 
 # uvicorn (and so SGLang) closes idle keep-alive connections after 5 s; reusing one just before
 # that would race the close, so older idle connections are dropped instead.
@@ -41,6 +41,12 @@ class EngineDisconnected(EngineError):
     reason = "engineDisconnected"
 
 
+class EngineTimeout(EngineError):
+    """The engine sent no answer head, or nothing more of its answer, within the engine timeouts."""
+
+    reason = "engineTimeout"
+
+
 # RFC 9110 §5.6.2 token and §5.5 field-value (visible ASCII and obs-text, inner spaces and tabs).
 _TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _FIELD_VALUE = re.compile(rb"(?:[\x21-\x7e\x80-\xff](?:[\t\x20-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?)?")
@@ -58,19 +64,24 @@ class ClientGone(Exception):
     """The downstream client disconnected; the engine request should be aborted."""
 
 
+_DEFAULT_LIMITS = Limits()
+
+
 class Exchange:
     """One request/response on an engine connection, filled in by the connection's parser."""
 
     __slots__ = ("_body", "_buffer_limit", "_buffered", "_complete", "_connection", "_error", "_head", "_waiter",
-                 "headers", "status", "streamed")
+                 "head_timeout", "headers", "read_timeout", "status", "streamed")
 
-    def __init__(self, buffer_limit: int = 1 << 20) -> None:
+    def __init__(self, limits: Limits = _DEFAULT_LIMITS) -> None:
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.streamed = False
         self._body: list[bytes] = []
         self._buffered = 0
-        self._buffer_limit = buffer_limit
+        self._buffer_limit = limits.stream_buffer_bytes
+        self.head_timeout = limits.engine_head_timeout_seconds
+        self.read_timeout = limits.engine_read_timeout_seconds
         self._head = False
         self._complete = False
         self._error: BaseException | None = None
@@ -161,11 +172,22 @@ class Exchange:
 
 
 class _Connection(asyncio.Protocol):
-    """A keep-alive engine connection serving one exchange at a time."""
+    """A keep-alive engine connection serving one exchange at a time.
+
+    Why engine timeouts here: an engine that stops answering (hung, or a connection lost without
+    a reset) would otherwise hold the client, its in-flight slot and so a drain for ever. One timer
+    per exchange, re-armed lazily: a read only records its time, and the timer, when it fires,
+    either ends the exchange or moves itself to the new deadline. While reading is paused the
+    gateway waits on its client, whose write timeout applies instead.
+    """
 
     def __init__(self, pool: EnginePool) -> None:
         self._pool = pool
+        self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._started = 0.0  # when the current request was sent (the head timeout counts from it)
+        self._heard = 0.0  # the last read, or resume (the idle-read timeout counts from it)
         self._parser = httptools.HttpResponseParser(self)
         self._exchange: Exchange | None = None
         self._headers: list[tuple[bytes, bytes]] = []
@@ -178,10 +200,13 @@ class _Connection(asyncio.Protocol):
         assert self._transport is not None
         self._exchange = exchange
         exchange._connection = self
+        self._started = self._heard = now = self._loop.time()
+        self._timer = self._loop.call_at(now + min(exchange.head_timeout, exchange.read_timeout), self._check_time)
         self._transport.write(data)
 
     def close(self) -> None:
         self.closed = True
+        self._disarm()
         if self._transport is not None:
             self._transport.close()
 
@@ -193,7 +218,31 @@ class _Connection(asyncio.Protocol):
     def resume(self) -> None:
         if self._transport is not None and not self.closed and self._paused:
             self._paused = False
+            self._heard = self._loop.time()
             self._transport.resume_reading()
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check_time(self) -> None:
+        """End the exchange if the engine is past a deadline, else look again at the next one."""
+        self._timer = None
+        exchange = self._exchange
+        if exchange is None or self.closed:
+            return
+        now = self._loop.time()
+        if self._paused:
+            due, late = now + exchange.read_timeout, ""
+        elif exchange.answered:
+            due, late = self._heard + exchange.read_timeout, f"the engine sent nothing for {exchange.read_timeout:g}s"
+        else:
+            due, late = self._started + exchange.head_timeout, f"no engine answer in {exchange.head_timeout:g}s"
+        if late and due <= now:
+            self._fail(EngineTimeout(late))
+        else:
+            self._timer = self._loop.call_at(due, self._check_time)
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -203,6 +252,7 @@ class _Connection(asyncio.Protocol):
         if self._exchange is None:  # bytes nobody asked for: the connection cannot be trusted
             self.close()
             return
+        self._heard = self._loop.time()
         try:
             self._parser.feed_data(data)
         except (httptools.HttpParserError, _Unsolicited) as exc:
@@ -217,6 +267,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._disarm()
         exchange, self._exchange = self._exchange, None
         if exchange is not None:
             exchange.fail(EngineDisconnected("the engine closed the connection mid-request"))
@@ -251,10 +302,15 @@ class _Connection(asyncio.Protocol):
             self._interim = False
             return
         exchange, self._exchange = self._exchange, None
+        self._disarm()
         keep_alive = self._parser.should_keep_alive()
         if exchange is not None:
             exchange._on_complete()
         if keep_alive and not self.closed:
+            # The read that completed the answer may also have paused reading (a consumer behind
+            # on a large body); the answer is whole, so the pause has nothing left to hold back,
+            # and a connection pooled paused would never read its next request's answer.
+            self.resume()
             self._pool._release(self)
         else:
             self.close()

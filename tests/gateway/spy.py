@@ -28,6 +28,7 @@ MISBEHAVIOURS = {
     "interim": b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s"
                % (len(_ANSWER), _ANSWER),
 }
+STALLS = frozenset({"silent", "stalled"})
 
 
 @dataclass(frozen=True)
@@ -50,9 +51,11 @@ class SpyEngine:
     seen: list[Seen] = field(default_factory=list)
     broken: list[str] = field(default_factory=list)
     streamed_bytes: int = 0
+    stalled: int = 0
     misbehave: str = ""
     """How the spy breaks HTTP on judge routes: "" (never), "desync" (a stray second response),
-    "status999" (an impossible status) or "interim" (a 100 Continue before the answer)."""
+    "status999" (an impossible status), "interim" (a 100 Continue before the answer), "silent" (no
+    answer at all) or "stalled" (a stream that stops after its first event)."""
 
     @property
     def url(self) -> str:
@@ -104,12 +107,17 @@ class SpyEngine:
         except ValueError:
             await self._send(conn, writer, 400, b'{"error":"spy: not json"}')
             return
-        if self.misbehave:
+        if self.misbehave in MISBEHAVIOURS:
             writer.write(MISBEHAVIOURS[self.misbehave])
             await writer.drain()
             return
+        if self.misbehave in STALLS and path != "/abort_request":
+            await self._stall(conn, writer)
+            return
         if payload.get("stream"):
-            await self._stream(conn, writer, int(payload.get("chunks", 4)))  # type: ignore[call-overload]
+            await self._stream(conn, writer, int(payload.get("chunks", 4)),  # type: ignore[call-overload]
+                               int(payload.get("eventBytes", len(STREAM_CHUNK))),  # type: ignore[call-overload]
+                               bool(payload.get("burst")))
             return
         answer = {"text": "spy verdict: 7", "meta_info": {"id": payload.get("rid"), "finish_reason": "stop"}}
         await self._send(conn, writer, 200, json.dumps(answer).encode())
@@ -123,16 +131,37 @@ class SpyEngine:
         writer.write(conn.send(h11.EndOfMessage()) or b"")
         await writer.drain()
 
-    async def _stream(self, conn: h11.Connection, writer: asyncio.StreamWriter, chunks: int) -> None:
-        """A server-sent-event stream of ``chunks`` 64 KiB events, written as fast as it is read."""
+    async def _stream(self, conn: h11.Connection, writer: asyncio.StreamWriter, chunks: int,
+                      event_bytes: int = len(STREAM_CHUNK), burst: bool = False) -> None:
+        """A server-sent-event stream of ``chunks`` events of ``event_bytes``, written as fast as it is
+        read; a ``burst`` is written whole with one write (so the gateway reads its last event and
+        its end together)."""
+        event = b"data: " + b"x" * (event_bytes - 8) + b"\n\n"
         headers = [(b"content-type", b"text/event-stream"), (b"transfer-encoding", b"chunked")]
-        writer.write(conn.send(h11.Response(status_code=200, headers=headers)) or b"")
+        parts = [conn.send(h11.Response(status_code=200, headers=headers)) or b""]
         for _ in range(chunks):
-            writer.write(conn.send(h11.Data(data=STREAM_CHUNK)) or b"")
-            await writer.drain()
-            self.streamed_bytes += len(STREAM_CHUNK)
-        writer.write(conn.send(h11.EndOfMessage()) or b"")
+            parts.append(conn.send(h11.Data(data=event)) or b"")
+            if not burst:
+                writer.write(b"".join(parts))
+                parts.clear()
+                await writer.drain()
+                self.streamed_bytes += len(event)
+        parts.append(conn.send(h11.EndOfMessage()) or b"")
+        writer.write(b"".join(parts))
         await writer.drain()
+        if burst:
+            self.streamed_bytes += chunks * len(event)
+
+    async def _stall(self, conn: h11.Connection, writer: asyncio.StreamWriter) -> None:
+        """An engine that stops answering: nothing at all ("silent"), or one event of a stream
+        ("stalled"); the connection stays open until the gateway gives up on it (or the spy stops)."""
+        if self.misbehave == "stalled":
+            headers = [(b"content-type", b"text/event-stream"), (b"transfer-encoding", b"chunked")]
+            writer.write(conn.send(h11.Response(status_code=200, headers=headers)) or b"")
+            writer.write(conn.send(h11.Data(data=b"data: {}\n\n")) or b"")
+            await writer.drain()
+        self.stalled += 1
+        await asyncio.sleep(3600)
 
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

@@ -137,6 +137,13 @@ class GatewayLimits(ApiModel):
     Service places it anew. The backstop of load spread when the operator is away; 0 turns it off."""
     engine_wait_seconds: float = Field(5.0, ge=0, le=600)
     """A request that finds the engine unreachable waits this long for it to come back before a retryable 503."""
+    engine_head_timeout_seconds: float = Field(600.0, gt=0, le=86400)
+    """An engine answer whose head has not come this long after the request was sent is refused with 504
+    engineTimeout (a non-streamed answer's head comes only when its generation ends: this bounds one
+    generation)."""
+    engine_read_timeout_seconds: float = Field(300.0, gt=0, le=86400)
+    """An engine answer that sends nothing more this long, while the gateway reads it, is ended: 504
+    engineTimeout, or a cut stream (and the engine request is aborted)."""
 
 
 class GatewaySpec(ApiModel):

@@ -1,0 +1,173 @@
+"""Attacks on what the gateway holds for a client: engine connections, event-loop time, memory.
+
+Each scenario runs a real ``genrm-gateway serve`` process in front of the spy engine and checks
+what an attacker would: the attack is refused or bounded with its own status (or a clean close)
+and a ``genrm_gateway_refused_total{reason}`` count, in-flight returns to 0, a drain still reaches
+Drained, and a bystander client is served meanwhile and afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from conftest import Gateway, gateway_process
+from spy import SpyEngine, running_spy
+from test_limits import LIMITS, answer, served
+
+pytestmark = pytest.mark.timeout(120)
+
+HEAD = b"POST /generate HTTP/1.1\r\nhost: j\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+
+
+def refused(gateway: Gateway, reason: str) -> float:
+    """``genrm_gateway_refused_total{reason}``; 0 while the reason has never been counted."""
+    try:
+        return gateway.metric(f'genrm_gateway_refused_total{{reason="{reason}"}}')
+    except KeyError:
+        return 0.0
+
+
+def drains(gateway: Gateway, seconds: float = 8.0) -> None:
+    """Soft drain, fence, and Drained with nothing in flight within ``seconds``."""
+    for phase in ("soft", "fence"):
+        assert gateway.drain("d", phase).status_code == 200
+    deadline = time.monotonic() + seconds
+    while gateway.state()["state"] != "Drained" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    state = gateway.state()
+    assert state["state"] == "Drained" and state["inflight"] == 0, state
+
+
+def settled(gateway: Gateway, seconds: float = 5.0) -> None:
+    """In-flight back to 0 within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while gateway.state()["inflight"] != 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert gateway.state()["inflight"] == 0
+
+
+def quickly_served(gateway: Gateway, within: float = 2.0) -> None:
+    started = time.monotonic()
+    assert served(gateway)
+    assert time.monotonic() - started < within
+
+
+def slow_read(sock: socket.socket, until: bytes, step: int = 1024, pause: float = 0.002) -> bytes:
+    """Read ``step`` bytes at a time with a pause between reads, until the data ends with ``until``."""
+    received = b""
+    sock.settimeout(10)
+    while not received.endswith(until):
+        chunk = sock.recv(step)
+        if not chunk:
+            break
+        received += chunk
+        time.sleep(pause)
+    return received
+
+
+@pytest.fixture
+def spy() -> Iterator[SpyEngine]:
+    with running_spy() as engine:
+        yield engine
+
+
+# --- 1. a slow reader must not leave an engine connection paused for the next client ---
+
+@pytest.mark.parametrize(("buffer", "events", "event_bytes"), [
+    ("4096", 12, 2048),  # a 24 KiB stream the gateway reads in one go: past the buffer and complete at once
+    ("1048576", 19, 64 * 1024),  # a ~1.2 MiB stream at the default buffer
+])
+def test_a_slow_reader_of_a_stream_never_affects_the_next_client(
+        spy: SpyEngine, buffer: str, events: int, event_bytes: int) -> None:
+    with gateway_process(spy.url, *LIMITS, "--stream-buffer-bytes", buffer) as gateway:
+        body = json.dumps({"text": "long", "stream": True, "chunks": events, "eventBytes": event_bytes,
+                           "burst": True}).encode()
+        for _ in range(3):
+            with socket.socket() as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.connect(("127.0.0.1", gateway.port))
+                sock.sendall(HEAD % len(body) + body)
+                time.sleep(0.2)  # the engine has sent it all; the client has read nothing yet
+                quickly_served(gateway)  # a bystander meanwhile
+                received = slow_read(sock, b"0\r\n\r\n", step=16 * 1024 if events > 12 else 1024)
+            assert received.startswith(b"HTTP/1.1 200 ") and received.endswith(b"0\r\n\r\n")
+            assert received.count(b"data: ") == events
+            quickly_served(gateway)  # the next request, on the engine connection the stream used
+        settled(gateway)
+        drains(gateway)
+
+
+# --- 2. an engine that stops answering costs its client a 504, not a hang ---
+
+ENGINE_TIMEOUTS = ("--engine-head-timeout-seconds", "1", "--engine-read-timeout-seconds", "1")
+
+
+def test_an_engine_that_never_answers_gets_504_at_the_engine_head_timeout(spy: SpyEngine) -> None:
+    with gateway_process(spy.url, *LIMITS, *ENGINE_TIMEOUTS) as gateway:
+        spy.misbehave = "silent"
+        mark = len(spy.seen)
+        started = time.monotonic()
+        response = httpx.post(f"{gateway.url}/generate", content=b'{"text": "judge"}',
+                              headers={"content-type": "application/json"}, timeout=10)
+        assert response.status_code == 504, response.text
+        assert response.json()["error"]["reason"] == "engineTimeout"
+        assert 0.9 < time.monotonic() - started < 4
+        rid = spy.since(mark)[0].json()["rid"]
+        assert any(s.target == "/abort_request" and s.json()["rid"] == rid for s in spy.since(mark))
+        assert refused(gateway, "engineTimeout") == 1
+        settled(gateway)
+        spy.misbehave = ""
+        quickly_served(gateway)
+        drains(gateway)
+
+
+def test_a_stream_the_engine_stops_is_cut_at_the_engine_read_timeout(spy: SpyEngine) -> None:
+    with gateway_process(spy.url, *LIMITS, *ENGINE_TIMEOUTS) as gateway:
+        spy.misbehave = "stalled"
+        body = b'{"text": "judge", "stream": true}'
+        with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
+            sock.sendall(HEAD % len(body) + body)
+            started = time.monotonic()
+            received = answer(sock, 6)  # until the gateway closes the connection
+            elapsed = time.monotonic() - started
+        assert received.startswith(b"HTTP/1.1 200 ") and b"data: {}" in received
+        assert not received.endswith(b"0\r\n\r\n")  # cut, not ended as if complete
+        assert 0.9 < elapsed < 4
+        assert refused(gateway, "engineTimeout") == 1
+        settled(gateway)
+        spy.misbehave = ""
+        quickly_served(gateway)
+        drains(gateway)
+
+
+def test_many_slow_readers_and_a_bystander_share_the_engine(spy: SpyEngine) -> None:
+    """Slow readers of large streams hold their own engine connections, never a bystander's."""
+    with gateway_process(spy.url, *LIMITS, "--write-timeout-seconds", "10") as gateway:
+        body = json.dumps({"text": "long", "stream": True, "chunks": 40}).encode()  # 2.5 MiB each
+        readers = [socket.socket() for _ in range(4)]
+        results: list[bytes] = []
+        for sock in readers:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)
+            sock.connect(("127.0.0.1", gateway.port))
+            sock.sendall(HEAD % len(body) + body)
+        threads = [threading.Thread(target=lambda s=sock: results.append(slow_read(s, b"0\r\n\r\n", 64 * 1024,
+                                                                                     0.01)))
+                   for sock in readers]
+        for thread in threads:
+            thread.start()
+        while any(thread.is_alive() for thread in threads):
+            quickly_served(gateway, within=1.0)
+            time.sleep(0.05)
+        for sock in readers:
+            sock.close()
+        assert len(results) == 4 and all(r.endswith(b"0\r\n\r\n") for r in results)
+        for _ in range(8):
+            quickly_served(gateway, within=1.0)
+        settled(gateway)
+        drains(gateway)
