@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import hmac
 import time
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from genrm_contract.drained import control_token
 from genrm_contract.sidecar import (
     DRAIN_PATH,
@@ -37,13 +39,18 @@ from genrm_contract.sidecar import (
     Versions,
 )
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from genrm_gateway.admission import Admission
 from genrm_gateway.connection import Connections
 from genrm_gateway.drain import DrainConflict, DrainController
 from genrm_gateway.engine import EngineMonitor
-from genrm_gateway.errors import REASON_HEADER, Refusal, error_body
+from genrm_gateway.errors import CLOSE_HEADER, REASON_HEADER, Refusal, error_body
 from genrm_gateway.metrics import GatewayMetrics
+from genrm_gateway.proxy import send_error
+
+# Control bodies are a drain id and a phase, or a shed count: far below this.
+MAX_CONTROL_BODY_BYTES = 64 * 1024
 
 
 def _error(code: int, reason: str, message: str) -> Response:
@@ -60,6 +67,69 @@ def require_token(authorization: Annotated[str | None, Header()] = None) -> None
     if scheme.lower() != "bearer" or expected is None or not hmac.compare_digest(
             presented.strip().encode(), expected.encode()):
         raise Refusal(403, "forbidden", "the bearer token is not valid for this gateway")
+
+
+class _Guard:
+    """Authenticates a control request and bounds its body before FastAPI reads it.
+
+    Why: FastAPI reads and parses a route's body before it runs the route's dependencies, so
+    without this a client with no token could make the gateway read and parse a body of any
+    size before its 401. Here the token of a protected route is checked on the head alone; then
+    the body is read up to ``MAX_CONTROL_BODY_BYTES`` (413 past it, or at once when its declared
+    length is over) and handed to the app.
+    """
+
+    def __init__(self, app: ASGIApp, protected: frozenset[str], refused: Callable[[str], None]) -> None:
+        self._app = app
+        self._protected = protected
+        self._refused = refused
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        try:
+            if scope["path"] in self._protected:
+                token = next((value for name, value in scope["headers"] if name == b"authorization"), None)
+                require_token(None if token is None else token.decode("latin-1"))
+            body = await _bounded_body(scope, receive)
+        except Refusal as refusal:
+            self._refused(refusal.reason)
+            await send_error(send, refusal.code, refusal.reason, str(refusal), (*refusal.headers, CLOSE_HEADER))
+            return
+        if body is None:  # the client left
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self._app(scope, replay, send)
+
+
+async def _bounded_body(scope: Scope, receive: Receive) -> bytes | None:
+    """The whole body, or None when the client disconnected; a 413 past ``MAX_CONTROL_BODY_BYTES``."""
+    too_large = Refusal(413, "bodyTooLarge", f"control bodies are at most {MAX_CONTROL_BODY_BYTES} bytes")
+    for name, value in scope["headers"]:
+        if name == b"content-length" and int(value) > MAX_CONTROL_BODY_BYTES:  # llhttp checked the digits
+            raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_CONTROL_BODY_BYTES:
+            raise too_large
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
 
 
 def create_control_app(admission: Admission, drain: DrainController, engine: EngineMonitor,
@@ -150,4 +220,7 @@ def create_control_app(admission: Admission, drain: DrainController, engine: Eng
     async def get_metrics() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    protected = frozenset(route.path for route in app.routes if isinstance(route, APIRoute)
+                          and any(depends.dependency is require_token for depends in route.dependencies))
+    app.add_middleware(_Guard, protected=protected, refused=metrics.refused)
     return app

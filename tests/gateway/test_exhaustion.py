@@ -12,13 +12,14 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 
 import httpx
 import pytest
-from conftest import Gateway, gateway_process
+from conftest import TOKEN, Gateway, gateway_process
 from spy import SpyEngine, running_spy
-from test_limits import LIMITS, answer, served
+from test_limits import LIMITS, answer, rss_mb, served
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -170,4 +171,68 @@ def test_many_slow_readers_and_a_bystander_share_the_engine(spy: SpyEngine) -> N
         for _ in range(8):
             quickly_served(gateway, within=1.0)
         settled(gateway)
+        drains(gateway)
+
+
+# --- 3. the control API authenticates before it reads a body, and bounds bodies ---
+
+def during(gateway: Gateway, attack: Callable[[], bytes]) -> tuple[bytes, float]:
+    """``attack``'s answer and the gateway's peak resident memory growth (MiB) while it ran."""
+    baseline = rss_mb(gateway)
+    peak = [baseline]
+    results: list[bytes] = []
+    thread = threading.Thread(target=lambda: results.append(attack()))
+    thread.start()
+    while thread.is_alive():
+        peak[0] = max(peak[0], rss_mb(gateway))
+        time.sleep(0.01)
+    return results[0], peak[0] - baseline
+
+
+def control_post(gateway: Gateway, path: bytes, body: bytes, *headers: bytes, chunked: bool = False) -> bytes:
+    """A raw POST to the control port; everything it answered until it closed."""
+    framing = b"transfer-encoding: chunked" if chunked else b"content-length: %d" % len(body)
+    head = b"\r\n".join([b"POST " + path + b" HTTP/1.1", b"host: c", b"content-type: application/json", framing,
+                         *headers]) + b"\r\n\r\n"
+    payload = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body) if chunked else body
+    with socket.create_connection(("127.0.0.1", gateway.control_port)) as sock:
+        try:
+            sock.sendall(head + payload)
+        except OSError:  # refused and closed before everything was sent
+            pass
+        return answer(sock, 5)
+
+
+HUGE_DRAIN = json.dumps({"drainId": "d", "phase": "soft", "pad": ["x" * 60] * (16 << 14)}).encode()  # ~16 MiB
+
+
+@pytest.mark.parametrize(("headers", "code", "reason"), [
+    ((), 401, "unauthenticated"),
+    ((b"authorization: Bearer wrong",), 403, "forbidden"),
+    ((b"authorization: Bearer " + TOKEN.encode(),), 413, "bodyTooLarge"),
+])
+def test_a_huge_control_body_is_refused_before_it_is_read(
+        spy: SpyEngine, headers: tuple[bytes, ...], code: int, reason: str) -> None:
+    with gateway_process(spy.url, *LIMITS) as gateway:
+        for chunked in (False, True):
+            refused_before = refused(gateway, reason)
+            reply, grown = during(gateway, partial(control_post, gateway, b"/v1/drain", HUGE_DRAIN, *headers,
+                                                   chunked=chunked))
+            assert reply.startswith(b"HTTP/1.1 %d " % code) and reason.encode() in reply, reply[:200]
+            assert grown < 12, grown
+            assert refused(gateway, reason) == refused_before + 1
+        quickly_served(gateway)
+        assert gateway.state()["state"] == "Serving"
+        drains(gateway)
+
+
+def test_control_bodies_up_to_64_kib_are_read(spy: SpyEngine) -> None:
+    with gateway_process(spy.url, *LIMITS) as gateway:
+        auth = b"authorization: Bearer " + TOKEN.encode()
+        fits = json.dumps({"drainId": "d", "phase": "soft", "pad": "x" * 60_000}).encode()
+        read = control_post(gateway, b"/v1/drain", fits, auth)  # read, then judged: no such field as "pad"
+        assert read.startswith(b"HTTP/1.1 400 ") and b"badRequest" in read
+        over = json.dumps({"drainId": "d", "phase": "soft", "pad": "x" * (64 * 1024)}).encode()
+        assert control_post(gateway, b"/v1/drain", over, auth).startswith(b"HTTP/1.1 413 ")
+        assert control_post(gateway, b"/v1/drain", over, auth, chunked=True).startswith(b"HTTP/1.1 413 ")
         drains(gateway)
