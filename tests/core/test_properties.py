@@ -18,6 +18,9 @@ checks at every step, against ground truth:
   verification enabled, its verification passed;
 - the status survives its wire form, a finished operation never stays active, and the
   three conditions are always present;
+- an operation that ends Partial or Failed never blames a pod deleted while nothing was wrong
+  with it, by the core (a victim, a surge replica a retarget made outdated) or by hand, although
+  every deleted pod that ran is seen Terminating in the kubelet's terminal phase first;
 
 and finally that once inputs stop changing and the world is healthy with enough GPUs,
 the pool converges to ``spec.replicas`` serving replicas and no operation within a

@@ -32,7 +32,7 @@ import pytest
 from genrm_operator.api.pool import GenRMPoolSpec, GenRMPoolStatus
 from genrm_operator.api.status import HISTORY_LIMIT, HistoryEntry, Operation, Phase
 from genrm_operator.core.children import template_revision
-from genrm_operator.core.classify import Replica, Role, classify
+from genrm_operator.core.classify import Replica, Role, classify, failure_reason
 from genrm_operator.core.clock import stamp
 from genrm_operator.core.conditions import find
 from genrm_operator.core.model import (
@@ -531,10 +531,10 @@ def test_a_crashed_replica_still_holding_requests_is_fenced_and_deleted_only_whe
     assert names(reconcile(empty), DeletePod) == ["judge-1"]
 
 
-def finished(outcome: str, at: float) -> HistoryEntry:
+def finished(outcome: str, at: float, reason: str = "") -> HistoryEntry:
     return HistoryEntry.model_validate({
-        "id": "op-1", "type": "ScaleOut", "from": 0, "to": 1, "outcome": outcome, "startedAt": stamp(at),
-        "finishedAt": stamp(at), "durationSeconds": 0,
+        "id": "op-1", "type": "ScaleOut", "from": 0, "to": 1, "outcome": outcome, "reason": reason,
+        "startedAt": stamp(at), "finishedAt": stamp(at), "durationSeconds": 0,
     })
 
 
@@ -547,6 +547,53 @@ def test_create_backoff_doubles_per_consecutive_failure_ignores_superseded_and_r
     assert create_backoff(three, NOW + 5) == 35.0
     assert create_backoff([finished("Partial", NOW)] * 12, NOW) == 300.0
     assert create_backoff([*three, finished("Succeeded", NOW)], NOW) == 0.0
+
+
+def test_create_backoff_waits_from_the_last_failure_and_skips_its_own_waits() -> None:
+    failure = finished("Partial", NOW, "ReplicaFailed")
+    waited = finished("Partial", NOW + 4, "BackOff")
+    superseded = finished("Superseded", NOW + 3, "TargetChanged")
+    assert create_backoff([failure, waited], NOW + 5) == 5.0, "10 s from the failure, not 20 s from the wait"
+    assert create_backoff([failure, superseded], NOW + 5) == 5.0
+    assert create_backoff([waited], NOW + 5) == 0.0
+    assert create_backoff([failure, finished("Failed", NOW + 1, "DrainTimeout")], NOW + 1) == 20.0
+
+
+def test_a_pod_being_deleted_is_judged_only_by_what_it_did_before_its_deletion() -> None:
+    """Its phase is the kubelet's answer to the deletion and it no longer has to become ready; a
+    restart (never done for a terminating pod) happened before."""
+    for phase in ("Succeeded", "Failed"):
+        ended = PodView("judge-1", "uid-1", NOW - 1, phase=phase)
+        assert failure_reason(ended, NOW, 60) == "ReplicaFailed"
+        assert failure_reason(replace(ended, deleting=True), NOW, 60) == ""
+    late = PodView("judge-1", "uid-1", NOW - 61, phase="Running")
+    assert failure_reason(late, NOW, 60) == "StartupTimeout"
+    assert failure_reason(replace(late, deleting=True), NOW, 60) == ""
+    crashed = PodView("judge-1", "uid-1", NOW - 1, phase="Failed", restarts=1, deleting=True)
+    assert failure_reason(crashed, NOW, 60) == "ReplicaCrashed"
+
+
+def test_a_new_replica_deleted_by_hand_during_a_scale_out_is_replaced_without_blame() -> None:
+    """Whoever deletes it, the kubelet ends it Succeeded or Failed: the scale-out replaces it and
+    still succeeds, with no Warning and no back-off."""
+    world = converged_world(1)
+    world.scale(3)
+    run_until(world, lambda: any(p.name != "judge-0" and p.scheduled_at is not None for p in world.pods.values()),
+              max_steps=10)
+    added = next(p for p in world.pods.values() if p.name != "judge-0")
+    world.admin_delete(added)
+    answered = False
+
+    def done() -> bool:
+        nonlocal answered
+        answered = answered or (added.name in world.pods and added.phase in ("Succeeded", "Failed"))
+        return world.converged()
+    run_until(world, done)
+    assert answered and added.name not in world.pods
+    assert [(h.type, h.outcome) for h in world.status.history[-1:]] == [("ScaleOut", "Succeeded")]
+    events = reasons(world.plans)
+    assert "ScaleOutPartial" not in events and "ReplicaFailed" not in events, events
+    assert create_backoff(world.status.history, world.now) == 0.0
 
 
 def test_unschedulable_replicas_end_partial_and_the_pool_completes_when_gpus_appear() -> None:

@@ -4,17 +4,27 @@ A change to anything that shapes a replica pod gives it a new revision; with the
 ``RollingUpdate`` (maxSurge 1, maxUnavailable 0) the core replaces the replicas one at a
 time: a surge replica is created, verified and published before an outdated one is drained
 exactly like a scale-in victim. The world's own checks run at every step (no request lost,
-published only when verified, the pod bound, the serving floor); these tests add the
-sequence, the status and the conditions a user sees.
+published only when verified, the pod bound, the serving floor, no Partial blaming a pod
+deleted while healthy); these tests add the sequence, the status and the conditions a user sees.
+
+A second change before the first rollout is done retargets it: its surge replica is outdated
+and the rollout retires it itself, whether it was starting, being verified or already
+published. The kubelet then ends the deleted pod Succeeded or Failed (the world does so too),
+which is no failure: the rollout still ends Succeeded and nothing backs off. A surge replica
+that really fails still ends the rollout Partial.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from genrm_operator.api.status import ConditionType, OperationType, Phase
 from genrm_operator.core.conditions import find
+from genrm_operator.core.model import DeletePod, Drain
+from genrm_operator.core.reconcile import NEVER_SERVED_GRACE_SECONDS, create_backoff
 
 from .test_reconcile import converged_world, reasons, run_until
-from .world import World
+from .world import SimPod, World
 
 ENV = {"env": [{"name": "JUDGE_MODE", "value": "strict"}]}
 
@@ -169,3 +179,85 @@ def test_a_surge_replica_on_its_way_is_not_a_blocked_rollout() -> None:
         return world.converged()
     run_until(world, done, max_steps=300)
     assert ConditionType.ROLLOUT_BLOCKED not in reasons(world.plans)
+
+
+def retarget(world: World, surge_reached: Callable[[SimPod], bool]) -> SimPod:
+    """Change the template, step until its surge replica ``surge_reached``, then change the template
+    again: the rollout is retargeted and that replica is outdated before it replaced anything."""
+    change_template(world)
+    first = world.revision
+
+    def surge() -> SimPod | None:
+        return next((p for p in world.pods.values() if p.revision == first), None)
+    run_until(world, lambda: (pod := surge()) is not None and surge_reached(pod), max_steps=30)
+    pod = surge()
+    assert pod is not None
+    world.edit(engine={**world.spec.engine.to_wire(), "env": [{"name": "JUDGE_MODE", "value": "lenient"}]})
+    return pod
+
+
+def deletes_of(world: World, name: str) -> list[DeletePod]:
+    return [a for p in world.plans for a in p.actions if isinstance(a, DeletePod) and a.name == name]
+
+
+def assert_retired_without_blame(world: World, surge: SimPod) -> None:
+    """The retargeted rollout retires ``surge`` itself, the core sees the kubelet's answer to that
+    deletion (a terminal phase on a Terminating pod), and the rollout still ends Succeeded with no
+    Warning and no back-off."""
+    answered = False
+
+    def done() -> bool:
+        nonlocal answered
+        answered = answered or (surge.name in world.pods and surge.deleting
+                                and surge.phase in ("Succeeded", "Failed"))
+        return world.converged()
+    run_until(world, done, max_steps=300)
+    assert answered and surge.name in world.names_deleted
+    rollouts = [(h.outcome, h.reason) for h in world.status.history if h.type is OperationType.ROLLOUT]
+    assert rollouts == [(Phase.SUCCEEDED, "TargetReached")], world.status.history
+    events = reasons(world.plans)
+    assert "RolloutRetargeted" in events
+    assert "RolloutPartial" not in events and "ReplicaFailed" not in events, events
+    assert {p.revision for p in world.pods.values()} == {world.revision}
+    assert create_backoff(world.status.history, world.now) == 0.0
+
+
+def test_a_retarget_retires_an_unpublished_surge_replica_without_blaming_it() -> None:
+    world = converged_world(3)
+    surge = retarget(world, lambda pod: pod.scheduled_at is not None and not pod.warm)
+    assert_retired_without_blame(world, surge)
+    assert deletes_of(world, surge.name)[0].grace_seconds == NEVER_SERVED_GRACE_SECONDS  # never served
+
+
+def test_a_retarget_during_verification_retires_the_surge_replica_without_blaming_it() -> None:
+    world = converged_world(3)
+    surge = retarget(world, lambda pod: pod.warm and not pod.published)
+    assert world.status.operation is not None and world.status.operation.phase is Phase.VERIFYING
+    assert_retired_without_blame(world, surge)
+    assert not surge.ever_published
+
+
+def test_a_retarget_drains_a_published_surge_replica_and_does_not_blame_it() -> None:
+    world = converged_world(3)
+    surge = retarget(world, lambda pod: pod.published)
+    assert_retired_without_blame(world, surge)
+    assert any(isinstance(a, Drain) and a.name == surge.name for p in world.plans for a in p.actions)
+    assert deletes_of(world, surge.name)[0].grace_seconds is None  # it served: drained, then deleted
+
+
+def test_a_surge_replica_that_really_fails_still_ends_the_rollout_partial_and_backs_off() -> None:
+    world = converged_world(3)
+    change_template(world)
+    run_until(world, lambda: any(p.revision == world.revision and p.scheduled_at is not None
+                                 for p in world.pods.values()), max_steps=10)
+    surge = next(p for p in world.pods.values() if p.revision == world.revision)
+    world.fail(surge)
+    run_until(world, lambda: any(h.type is OperationType.ROLLOUT for h in world.status.history), max_steps=20)
+    last = world.status.history[-1]
+    assert (last.type, last.outcome, last.reason, last.message) == (
+        OperationType.ROLLOUT, Phase.PARTIAL, "ReplicaFailed", f"{surge.name}: ReplicaFailed")
+    assert surge.name not in world.pods, "gone before the rollout ended: the failure was remembered"
+    assert "RolloutPartial" in reasons(world.plans)
+    assert create_backoff(world.status.history, world.now) > 0.0
+    run_until(world, world.converged, max_steps=300)
+    assert {p.revision for p in world.pods.values()} == {world.revision}

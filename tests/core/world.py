@@ -5,7 +5,9 @@ sidecars, faithfully enough that the safety properties of the core can be checke
 against *ground truth* rather than against the core's own view:
 
 - pods with phase, readiness, published label, ever-published and verification
-  annotations, deletion state, scheduler message and restart count;
+  annotations, deletion state, scheduler message and restart count; a deleted pod that ran
+  is seen Terminating for a step in the terminal phase its kubelet gives it (Succeeded or
+  Failed: 1.27+ kubelets and the local node agent end every deleted pod so) before it goes;
 - one gateway sidecar per pod with its drain state machine
   (Serving -> SoftDrain -> Fenced -> Drained, the contract's ``genrm_contract.sidecar.DrainState``) and an
   in-flight request count; fenced and drained sidecars refuse new requests, a fenced
@@ -28,6 +30,9 @@ against *ground truth* rather than against the core's own view:
   (stale pod list for one step), unreachable
   sidecars, and an administrator deleting pods by hand.
 
+Besides the safety checks, an operation that ends Partial or Failed never blames a pod that was
+deleted, by the core or by hand, while nothing was wrong with it (`check_blame`).
+
 Every safety check raises :class:`Violation` at the moment the bad thing would happen,
 so hypothesis shrinks to the shortest sequence that shows it.
 """
@@ -35,6 +40,7 @@ so hypothesis shrinks to the shortest sequence that shows it.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -175,6 +181,8 @@ class World:
     names_seen: set[str] = field(default_factory=set)
     names_deleted: set[str] = field(default_factory=set)
     """Pods the core deleted: whatever its writes, it never creates one of these names again."""
+    deleted_healthy: set[str] = field(default_factory=set)
+    """Pods deleted (by the core or by hand) while nothing was wrong with them: never to blame."""
     step_no: int = 0
     uid_counter: int = 0
     perturb_next: int = 0
@@ -296,15 +304,32 @@ class World:
     def admin_delete(self, pod: SimPod) -> None:
         """Someone deletes a pod by hand (the preStop hook drains it; not the operator's doing)."""
         if not pod.deleting:
-            pod.deleting = True
-            pod.deleted_at_step = self.step_no
+            self.begin_deletion(pod, pod.view(), self.now)
+
+    def begin_deletion(self, pod: SimPod, judged: PodView, at: float) -> None:
+        """The API server marks the pod deleted. Whether something was wrong with it is judged
+        now, on ``judged`` as it was at ``at`` (the true pod for a deletion by hand, the core's own
+        view for the core's delete: a pod it saw fail, even on a lagging list, it deletes for that
+        failure); from here on its phase is the kubelet's answer to the deletion."""
+        if not failure_reason(judged, at, float(self.spec.engine.startup_timeout_seconds)):
+            self.deleted_healthy.add(pod.name)
+        pod.deleting = True
+        pod.deleted_at_step = self.step_no
 
     # ----- the world moving on its own ---------------------------------------------------------
 
     def progress(self) -> None:
         """Time passed: terminations complete, the scheduler places pods, engines warm up, drains end."""
-        for name in [n for n, p in self.pods.items() if p.deleting and p.deleted_at_step < self.step_no]:
-            del self.pods[name]
+        for name, pod in list(self.pods.items()):
+            if not pod.deleting or pod.deleted_at_step >= self.step_no:
+                continue
+            if pod.holds_gpu and pod.phase not in ("Succeeded", "Failed"):
+                # The kubelet stops the containers and reports a terminal phase before the object
+                # goes: Succeeded when every container exited 0, else Failed. Which one depends on
+                # how the engine takes SIGTERM, so the world has both, by ordinal.
+                pod.phase = "Failed" if pod.ordinal % 2 else "Succeeded"
+            else:
+                del self.pods[name]
         used = sum(1 for p in self.pods.values() if p.holds_gpu)
         for pod in sorted(self.pods.values(), key=lambda p: p.ordinal):
             if pod.scheduled_at is not None or pod.deleting:
@@ -383,6 +408,7 @@ class World:
         if not unwritten:
             self.names_seen.update(p.name for p in obs.pods)
         self.check_status(plan)
+        self.check_blame(plan)
         if unwritten:
             actions = [a for a in plan.actions if not (held and needs_record(a))]
         else:
@@ -398,9 +424,12 @@ class World:
     def live_count(self) -> int:
         """Pods holding GPUs, Terminating and Drained ones included, except failed ones (crashed,
         failed or never ready in time, judged on the true pod): what the core's pod-count bound
-        is about."""
+        is about. A pod being deleted is judged on its state as if nobody deleted it: a terminal
+        phase frees its GPUs whatever brought it, though the kubelet's answer to a deletion is
+        no failure of an operation."""
         timeout = float(self.spec.engine.startup_timeout_seconds)
-        return sum(1 for p in self.pods.values() if not failure_reason(p.view(), self.now, timeout))
+        return sum(1 for p in self.pods.values()
+                   if not failure_reason(replace(p.view(), deleting=False), self.now, timeout))
 
     # ----- actions (the shell's contract) ------------------------------------------------------
 
@@ -415,8 +444,8 @@ class World:
                 if pod is not None and pod.uid == uid and not pod.deleting:
                     self.check_delete(pod, plan)
                     self.names_deleted.add(name)
-                    pod.deleting = True
-                    pod.deleted_at_step = self.step_no
+                    seen = next((v for v in obs.pods if v.name == name and v.uid == uid), pod.view())
+                    self.begin_deletion(pod, seen, obs.now)
                     pod.published = False
             case SetPublished(name=name, uid=uid, published=published):
                 pod = self.pods.get(name)
@@ -554,6 +583,19 @@ class World:
         rollout = status.operation is not None and status.operation.type == "Rollout"
         if types != ["Available", "Progressing", "Degraded", *(["RolloutBlocked"] if rollout else [])]:
             raise Violation(f"conditions {types}")
+
+    def check_blame(self, plan: Plan) -> None:
+        """An operation that ends Partial or Failed never blames a pod deleted while nothing was
+        wrong with it: retiring a replica is no failure of the operation that retires it, and the
+        terminal phase of a deleted pod is the kubelet's answer to the deletion."""
+        known = {h.id for h in self.status.history}
+        for entry in plan.status.history:
+            if entry.id in known or entry.outcome not in ("Partial", "Failed"):
+                continue
+            blamed = set(re.findall(rf"\b({POOL}-\d+): ", entry.message))
+            if blamed & self.deleted_healthy:
+                raise Violation(f"{entry.id} {entry.type} ended {entry.outcome} ({entry.reason}) blaming "
+                                f"{sorted(blamed & self.deleted_healthy)}, deleted while healthy: {entry.message}")
 
     def surge_allowance(self, plan: Plan) -> int:
         """maxSurge while a rollout runs (before or after this step), else 0."""

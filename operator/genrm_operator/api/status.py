@@ -153,6 +153,10 @@ class AddedPod(ApiModel):
     """Ordinal the name was built from."""
     observed: bool = False
     """The pod has been seen since it was created; until then the create is retried (idempotently)."""
+    failure: str = ""
+    """Why the pod failed (CamelCase), noted when the operator saw it fail before anyone deleted it.
+    The operation ends on this note, not on what the pod shows later: a deleted pod's phase is the
+    kubelet's answer to the deletion, and the pod may be gone by the time the operation ends."""
 
 
 class Victim(ApiModel):

@@ -49,12 +49,20 @@ class Replica:
 
 
 def failure_reason(pod: PodView, now: float, startup_timeout: float) -> str:
-    """Why a pod must be replaced, or '' when it is healthy or still has time."""
-    if pod.phase in ("Failed", "Succeeded"):
+    """Why a pod must be replaced, or '' when it is healthy or still has time.
+
+    A pod being deleted is judged only by what it did before: its restarts (the containers of a
+    terminating pod are never restarted). Its phase is the kubelet's answer to the deletion
+    (kubelets 1.27 and later, and the local node agent, end every deleted pod Succeeded or
+    Failed), and it no longer has to become ready. Read as failures, both would blame a replica
+    for its own removal; a failure seen before the deletion is what an operation remembers
+    (`AddedPod.failure`).
+    """
+    if pod.phase in ("Failed", "Succeeded") and not pod.deleting:
         return "ReplicaFailed"
     if pod.restarts > 0:
         return "ReplicaCrashed"
-    if pod.verification == "failed" or pod.ever_published or pod.unschedulable:
+    if pod.deleting or pod.verification == "failed" or pod.ever_published or pod.unschedulable:
         return ""
     if not pod.ready and now - pod.created_at > startup_timeout:
         return "StartupTimeout"

@@ -77,6 +77,8 @@ PROGRESSING_REASONS = {OperationType.SCALE_OUT: Reason.SCALING_OUT, OperationTyp
                        OperationType.ROLLOUT: Reason.ROLLING_OUT}
 VICTIM_PHASES = [Phase.UNPUBLISHING, Phase.FENCING, Phase.DRAINING, Phase.REMOVING]
 """A victim's phases in order: an operation with several victims is in the least advanced one."""
+WARNING_OUTCOMES = (Phase.PARTIAL, Phase.FAILED)
+"""Ends the user must see: a Warning event, and the reason stays in Progressing and Degraded."""
 
 
 def reconcile(obs: Observed) -> Plan:
@@ -92,22 +94,25 @@ def ordinal_of(pool: str, name: str) -> int | None:
 
 
 def create_backoff(history: list[HistoryEntry], now: float) -> float:
-    """Seconds until new pods may be created after consecutive Partial/Failed operations.
+    """Seconds until new pods may be created after consecutive failed operations.
 
-    Exponential like CrashLoopBackOff, so a replica that can never start does
-    not turn into a create/delete loop burning GPU scheduling.
+    Exponential like CrashLoopBackOff, so a replica that can never start does not turn into a
+    create/delete loop burning GPU scheduling. It counts the operations that ended for a reason
+    the user must see (`WARNING_OUTCOMES`: a replica, the scheduler or a drain failed them), and
+    waits from the last of them. A success resets the count. A superseded operation is skipped,
+    and so is one that ended Partial only because this back-off held its creates (``BackOff``):
+    it saw nothing fail, and counting it would let the back-off feed on itself.
     """
-    failures = 0
+    counted: list[HistoryEntry] = []
     for entry in reversed(history):
-        if entry.outcome is Phase.SUPERSEDED:
-            continue
         if entry.outcome is Phase.SUCCEEDED:
             break
-        failures += 1
-    if failures == 0:
+        if entry.outcome in WARNING_OUTCOMES and entry.reason != Reason.BACK_OFF:
+            counted.append(entry)
+    if not counted:
         return 0.0
-    delay = min(BACKOFF_BASE_SECONDS * 2 ** (failures - 1), BACKOFF_MAX_SECONDS)
-    return max(0.0, history[-1].finished_at.timestamp() + float(delay) - now)
+    delay = min(BACKOFF_BASE_SECONDS * 2 ** (len(counted) - 1), BACKOFF_MAX_SECONDS)
+    return max(0.0, counted[0].finished_at.timestamp() + float(delay) - now)
 
 
 @dataclass
@@ -205,7 +210,7 @@ class _Step:
             duration_seconds=round(max(0.0, self.now - op.started_at.timestamp()), 3), forced_drains=forced,
         ))
         self.history = self.history[-HISTORY_LIMIT:]
-        warning = outcome in (Phase.PARTIAL, Phase.FAILED)
+        warning = outcome in WARNING_OUTCOMES
         self.emit(f"{op.type}{outcome}", f"{op.id} {op.type} {op.from_}->{op.to}: {outcome} ({reason}). {message}"
                   .strip(), warning)
         self.op = None
@@ -231,10 +236,24 @@ class _Step:
                     events=(*self.events, *scaling.events), decision=scaling.decision)
 
     def note_observed_creates(self) -> None:
+        """Mark the operation's creates the index shows, and note those that failed.
+
+        A failure is noted while the pod shows it, before it is deleted: from its deletion on, a
+        pod's phase is the kubelet's answer to the deletion (`classify.failure_reason`). The note
+        is a decision, written before the delete that retires the failed pod, so it outlives the
+        pod and an operator restart, and the operation ends on it (`noted_failures`). A pod the
+        operation chose to retire (one of its victims, such as a surge replica a retarget made
+        outdated) is never noted: retiring it is no failure of the operation."""
         if self.op is None or self.op.type is OperationType.SCALE_IN:
             return
-        added = [a.evolve(observed=True) if a.name in self.by_name else a for a in self.op.added_pods]
-        self.op = self.op.evolve(added_pods=added)
+        victims = self.victim_names()
+
+        def noted(added: AddedPod) -> AddedPod:
+            r = self.by_name.get(added.name)
+            if r is None:
+                return added
+            return added.evolve(observed=True, failure=added.failure or ("" if added.name in victims else r.failure))
+        self.op = self.op.evolve(added_pods=[noted(a) for a in self.op.added_pods])
 
     def clean_up_outside_operations(self) -> None:
         """Replace failed replicas, delete drained leftovers, unpublish pods deleted by others."""
@@ -332,20 +351,15 @@ class _Step:
         releasing = max(0, shortfall - room)  # replicas held back while leaving pods hold GPUs
         verifying = self.publish_or_verify()
 
-        added_names = {a.name for a in op.added_pods}
-        # Failed, or already being deleted for failing (a never-served one goes at once): either way
-        # this operation ends Partial once its replacement's create has been seen.
-        failed = [r for r in self.replicas if r.pod.name in added_names and r.failure
-                  and r.role in (Role.FAILED, Role.TERMINATING)]
+        failure, failed = self.noted_failures(op)
         inconsistent = [r for r in self.role(Role.STARTING) if r.pod.verification == "failed"]
         waiting = [r for r in self.role(Role.STARTING) if r.pod.verification != "failed"]
         if serving >= op.to:
             self.finish(op, Phase.SUCCEEDED, Reason.TARGET_REACHED, f"{serving} serving replicas")
-        elif failed and not self.pending_creates():
+        elif failure and not self.pending_creates():
             # Not while a replacement's create is unobserved: once this operation is gone nothing
             # would count that pod, and a lagging index would make the next step create another.
-            self.finish(op, Phase.PARTIAL, failed[0].failure,
-                        ", ".join(f"{r.pod.name}: {r.failure}" for r in failed))
+            self.finish(op, Phase.PARTIAL, failure, failed)
         elif inconsistent:
             detail = "; ".join(f"{r.pod.name}: {r.pod.verification_message}" for r in inconsistent)
             self.emit(Reason.REPLICA_INCONSISTENT, detail, warning=True)
@@ -358,6 +372,13 @@ class _Step:
             phase = Phase.VERIFYING if verifying and not self.pending_creates() else Phase.PROVISIONING
             waiting_for = f"; {releasing} more once leaving pods release their GPUs" if releasing else ""
             self.op = self.set_phase(op, phase, f"{serving}/{op.to} serving{waiting_for}")
+
+    @staticmethod
+    def noted_failures(op: Operation) -> tuple[str, str]:
+        """The reason and detail a Partial gives for the operation's own pods noted failed
+        (`note_observed_creates`), or ('', '') when none failed."""
+        failed = [a for a in op.added_pods if a.failure]
+        return (failed[0].failure if failed else ""), ", ".join(f"{a.name}: {a.failure}" for a in failed)
 
     def retry_creates(self, op: Operation, limit: int) -> Operation:
         """Repeat the creates the pod index has not shown yet (lost or lagging), within ``limit`` pods.
@@ -489,16 +510,15 @@ class _Step:
         """Succeeded once no outdated replica is left; Partial on a failed replacement; else the phase."""
         serving, _, _ = self.counts()
         added = {a.name for a in op.added_pods}
-        failed = [r for r in self.replicas if r.pod.name in added and r.failure
-                  and r.role in (Role.FAILED, Role.TERMINATING)]
+        failure, failed = self.noted_failures(op)
         inconsistent = [r for r in self.role(Role.STARTING) if r.pod.verification == "failed"
                         and r.pod.name in added]
         progress = f"{op.replaced} replaced, {len(old) + len(op.victims)} outdated left, {serving}/{op.to} serving"
         if not old and not op.victims and serving >= op.to and not self.pending_creates():
             self.finish(op, Phase.SUCCEEDED, Reason.TARGET_REACHED,
                         f"{op.replaced} replica(s) replaced; every replica is on revision {self.revision}")
-        elif failed and not self.pending_creates():
-            self.finish(op, Phase.PARTIAL, failed[0].failure, ", ".join(f"{r.pod.name}: {r.failure}" for r in failed))
+        elif failure and not self.pending_creates():
+            self.finish(op, Phase.PARTIAL, failure, failed)
         elif inconsistent:
             detail = "; ".join(f"{r.pod.name}: {r.pod.verification_message}" for r in inconsistent)
             self.emit(Reason.REPLICA_INCONSISTENT, detail, warning=True)
@@ -672,7 +692,7 @@ class _Step:
         if serving == self.desired and starting == 0 and draining == 0:
             return self.condition(ConditionType.PROGRESSING, False, Reason.AT_TARGET, f"{serving} replicas serving")
         last = self.history[-1] if self.history else None
-        reason = last.reason if last is not None and last.outcome in (Phase.PARTIAL, Phase.FAILED) else ""
+        reason = last.reason if last is not None and last.outcome in WARNING_OUTCOMES else ""
         return self.condition(ConditionType.PROGRESSING, False, reason or Reason.WAITING,
                               f"{serving}/{self.desired} serving; {starting} starting")
 
@@ -687,6 +707,6 @@ class _Step:
                                   f"answers differ from the serving replicas: {', '.join(inconsistent)}")
         if failed:
             return self.condition(ConditionType.DEGRADED, True, Reason.REPLICA_FAILED, ", ".join(failed))
-        if last is not None and last.outcome in (Phase.PARTIAL, Phase.FAILED) and (serving != self.desired or surplus):
+        if last is not None and last.outcome in WARNING_OUTCOMES and (serving != self.desired or surplus):
             return self.condition(ConditionType.DEGRADED, True, last.reason or Reason.OPERATION_FAILED, last.message)
         return self.condition(ConditionType.DEGRADED, False, Reason.AS_EXPECTED, "")
