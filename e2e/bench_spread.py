@@ -73,13 +73,15 @@ def measure(cluster: Cluster, connections: int) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--connections", default="8,25,64", help="client connection counts, comma-separated")
-    counts = [int(n) for n in parser.parse_args().connections.split(",")]
+    parser.add_argument("--log-dir", type=Path, help="keep the operator's log here (default: a temporary directory)")
+    args = parser.parse_args()
+    counts = [int(n) for n in args.connections.split(",")]
     os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
     lines = []
     with LocalCluster(nodes=2, gpus_per_node=8, crds=[REPO / "crds" / "genrm.io_genrmpools.yaml"]) as local, \
             tempfile.TemporaryDirectory() as work:
         cluster = Cluster(local)
-        operator = OperatorProcess(cluster.kubeconfig, Path(work))
+        operator = OperatorProcess(cluster.kubeconfig, args.log_dir or Path(work))
         operator.start()
         try:
             for connections in counts:

@@ -205,6 +205,7 @@ class Series(enum.StrEnum):
     ENGINE_UP = "genrm_gateway_engine_up"
     OPEN_CONNECTIONS = "genrm_gateway_open_connections"
     HANDED_BACK = "genrm_gateway_connections_handed_back"
+    OPENED_CONNECTIONS = "genrm_gateway_connections_opened"
     REQUESTS = "genrm_gateway_requests"
     REQUEST_DURATION = "genrm_gateway_request_duration_seconds"
     REFUSED = "genrm_gateway_refused"

@@ -124,6 +124,8 @@ class Connections:
         self.marked: set[GatewayProtocol] = set()
         """Open connections being handed back (they close after their next response, or once idle)."""
         self._sheds: dict[str, int] = {}
+        self.opened_total = 0
+        """Traffic connections admitted since start: with the hand-back counter, how often clients reconnect."""
 
     def __len__(self) -> int:
         return len(self._open)
@@ -159,6 +161,7 @@ class Connections:
         if len(self._open) >= self.limits.max_connections:
             return False
         self._open.add(connection)
+        self.opened_total += 1
         return True
 
     def discard(self, connection: GatewayProtocol) -> None:

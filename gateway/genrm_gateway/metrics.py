@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from genrm_contract.sidecar import DrainState, HandBack, Series
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from genrm_gateway.admission import Admission
@@ -52,6 +52,8 @@ class _StateCollector(Collector):
                                 value=1.0 if self._engine.up else 0.0)
         yield GaugeMetricFamily(Series.OPEN_CONNECTIONS, "Open client connections on the traffic port",
                                 value=len(self._connections))
+        yield CounterMetricFamily(Series.OPENED_CONNECTIONS, "Client connections accepted on the traffic port",
+                                  value=self._connections.opened_total)
         load = self._engine.load
         for name, doc, value in (
             (Series.ENGINE_RUNNING, "Requests in the engine's running batch", load.running),

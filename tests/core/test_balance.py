@@ -13,6 +13,7 @@ from genrm_operator.core.balance import (
     connection_sheds,
     decide,
     fair_ceiling,
+    lasting_sheds,
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -62,6 +63,22 @@ def test_uniform_reconnects_converge(total: int, replicas: int, seed: int) -> No
         rounds += 1
         assert sum(connections) == total
     assert max(connections) <= fair_ceiling(total, replicas), (rounds, connections)
+
+
+def test_only_an_excess_that_lasts_two_samples_is_handed_back() -> None:
+    assert lasting_sheds(None, Sample(0, pool([22, 0, 0, 0]))) == {}
+    assert lasting_sheds(Sample(0, pool([22, 0, 0, 0])), Sample(1, pool([22, 0, 0, 0]))) == {"r0": 16}
+    assert lasting_sheds(Sample(0, pool([22, 0, 0, 0])), Sample(1, pool([10, 4, 4, 4]))) == {"r0": 4}
+    # Client churn: a different replica a little over the ceiling each time is noise.
+    assert lasting_sheds(Sample(0, pool([9, 5, 6, 5])), Sample(1, pool([5, 9, 6, 5]))) == {}
+    assert lasting_sheds(Sample(0, pool([22, 0, 0])), Sample(1, pool([22, 0, 0, 0]))) == {}  # another set
+
+
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 50)), min_size=1, max_size=8))
+def test_a_lasting_excess_is_never_more_than_either_samples(pairs: list[tuple[int, int]]) -> None:
+    before, now = Sample(0, pool([a for a, _ in pairs])), Sample(1, pool([b for _, b in pairs]))
+    for name, n in lasting_sheds(before, now).items():
+        assert 1 <= n <= min(connection_sheds(before.replicas)[name], connection_sheds(now.replicas)[name])
 
 
 def sample(at: float, connections: list[int], requests: list[int]) -> Sample:

@@ -11,8 +11,13 @@ uniformly at random, so repeating the rule converges (see docs/concepts.md, *Loa
 Two rules, both pure functions of the samples and time:
 
 * **connections**: a replica holding more than ``ceil(C / P)`` of the pool's ``C`` client
-  connections over ``P`` published replicas hands back the excess. A pool within one connection
-  of even (every replica at most the ceiling) is left alone, so balancing stops by itself;
+  connections over ``P`` published replicas, in this sample and the one before, hands back the
+  smaller of the two excesses. A pool within one connection of even (every replica at most the
+  ceiling) is left alone, so balancing stops by itself. Why two samples: client pools open and
+  close connections on their own (an ``httpx.Client`` with more threads than its 20 kept-alive
+  connections does so all the time), and each reconnect lands at random, so one sample's excess is
+  often noise that the next one no longer shows; only an excess that stays (the connections a
+  replica held before a scale-out) is worth handing back;
 * **load**: with few connections per replica, random placement leaves some replicas with the
   busier ones. A replica serving more than ``LOAD_FACTOR`` times the pool's mean request rate
   for ``LOAD_HOLD_SECONDS`` hands back the share of its connections above the mean (busiest
@@ -75,9 +80,18 @@ def fair_ceiling(total: int, replicas: int) -> int:
 
 
 def connection_sheds(replicas: Mapping[str, Traffic]) -> dict[str, int]:
-    """Connections each replica above its fair ceiling hands back (the excess; none when balanced)."""
+    """Each replica's connections above its fair ceiling (the excess; none when balanced)."""
     ceiling = fair_ceiling(sum(t.connections for t in replicas.values()), len(replicas))
     return {name: t.connections - ceiling for name, t in replicas.items() if t.connections > ceiling}
+
+
+def lasting_sheds(previous: Sample | None, sample: Sample) -> dict[str, int]:
+    """The excess each replica had in ``sample`` and in ``previous`` too, the smaller of the two
+    (nothing without a previous sample of the same replicas)."""
+    if previous is None or set(previous.replicas) != set(sample.replicas):
+        return {}
+    before = connection_sheds(previous.replicas)
+    return {name: min(n, before[name]) for name, n in connection_sheds(sample.replicas).items() if name in before}
 
 
 def request_rates(samples: Sequence[Sample], now_sample: Sample) -> dict[str, float]:
@@ -102,7 +116,8 @@ def decide(sample: Sample, memory: Memory) -> tuple[list[Shed], Memory]:
     A replica shedding for connections does not also shed for load in the same decision: the
     first rule already moves its excess."""
     replicas = sample.replicas
-    sheds = [Shed(name, n, HandBack.BALANCE) for name, n in sorted(connection_sheds(replicas).items())]
+    previous = memory.samples[-1] if memory.samples else None
+    sheds = [Shed(name, n, HandBack.BALANCE) for name, n in sorted(lasting_sheds(previous, sample).items())]
     rates = request_rates(memory.samples, sample)
     hot_since: dict[str, float] = {}
     if len(replicas) > 1 and len(rates) == len(replicas) and sum(rates.values()) >= MIN_POOL_RATE:

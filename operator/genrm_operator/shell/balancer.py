@@ -96,6 +96,10 @@ class PoolBalancer:
         if len(replicas) < 2:
             return
         sheds, self._memory = decide(Sample(time.monotonic(), replicas), self._memory)
+        if sheds:
+            log.info("balancing %s/%s: connections %s; shedding %s", self.namespace, self.name,
+                     {n: t.connections for n, t in sorted(replicas.items())},
+                     ", ".join(f"{s.connections} from {s.name} ({s.reason.value})" for s in sheds))
         for shed in sheds:
             request = ShedRequest(shed_id=uuid.uuid4().hex, connections=shed.connections, reason=shed.reason)
             answer = await self.sidecars.shed(published[shed.name], request)
