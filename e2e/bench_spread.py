@@ -8,8 +8,9 @@ from the replicas' own `/metrics`, read twice a second:
 * balance: the 4th publish -> the end of the first 5 s window in which every replica served at
   least 0.6x an even share of the requests;
 * over the 30 s after that: the smallest and largest replica share, the largest and smallest
-  replica's p99 time from admission to the last byte (engine queueing included), and connections
-  handed back per minute (balancing and the maximum age both);
+  replica's p99 time from admission to the last byte (engine queueing included), connections
+  handed back per minute (balancing and the maximum age both) and connections opened per minute
+  (every reconnect, the client pool's own included);
 * failed: requests that did not end in a 2xx.
 
 Run from the repository root: ``python -m e2e.bench_spread [--connections 8,25,64]``.
@@ -62,11 +63,13 @@ def measure(cluster: Cluster, connections: int) -> str:
     shares = meter.shares(start, start + HOLD_SECONDS)
     p99 = [quantile(0.99, before, after) for before, after in pairs.values()]
     handed = sum(after.handed_back - before.handed_back for before, after in pairs.values())
+    opened = sum(after.opened - before.opened for before, after in pairs.values())
     return (f"spread-bench: connections={connections} replicas={REPLICAS} "
             f"balance_s={-1.0 if balanced is None else balanced - published_at:.1f} "
             f"min_share={min(shares.values()):.3f} max_share={max(shares.values()):.3f} "
             f"p99_max_s={max(p99):.3f} p99_min_s={min(p99):.3f} "
-            f"handed_back_per_min={60 * handed / seconds:.1f} requests={clients.stats.sent} "
+            f"handed_back_per_min={60 * handed / seconds:.1f} connects_per_min={60 * opened / seconds:.1f} "
+            f"requests={clients.stats.sent} "
             f"failed={len(clients.stats.failures)}")
 
 

@@ -179,11 +179,13 @@ class Reading:
     """`genrm_gateway_request_duration_seconds` buckets (upper bound, cumulative count), summed over routes."""
     handed_back: float
     """`genrm_gateway_connections_handed_back_total`, summed over reasons."""
+    opened: float
+    """`genrm_gateway_connections_opened_total`: every connect, the client's own reconnects included."""
     connections: float
 
 
 def reading(metrics_text: str) -> Reading:
-    requests = handed_back = connections = 0.0
+    requests = handed_back = opened = connections = 0.0
     buckets: dict[float, float] = {}
     for family in text_string_to_metric_families(metrics_text):
         for sample in family.samples:
@@ -194,9 +196,11 @@ def reading(metrics_text: str) -> Reading:
                 buckets[le] = buckets.get(le, 0.0) + sample.value
             elif sample.name == f"{Series.HANDED_BACK}_total":
                 handed_back += sample.value
+            elif sample.name == f"{Series.OPENED_CONNECTIONS}_total":
+                opened += sample.value
             elif sample.name == Series.OPEN_CONNECTIONS:
                 connections = sample.value
-    return Reading(requests, tuple(sorted(buckets.items())), handed_back, connections)
+    return Reading(requests, tuple(sorted(buckets.items())), handed_back, opened, connections)
 
 
 def quantile(q: float, before: Reading, after: Reading) -> float:
