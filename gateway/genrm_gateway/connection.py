@@ -194,7 +194,9 @@ class GatewayProtocol(HttpToolsProtocol):
         self._limits = self.registry.limits
         self._traffic = False
         self._reading_head = True
-        self._head_bytes = 0  # bytes received while a head is incomplete (bounds memory)
+        self._head_bytes = 0  # bytes received while a head (or a trailer) is incomplete (bounds memory)
+        self._trailing = False  # after a chunk's size line, before its data: a trailer when the size was 0
+        self._trailer_dropped = False
         self._header_count = 0
         self._head_size = 0  # request line and fields as parsed (complete heads)
         self._head_timer: asyncio.TimerHandle | None = None
@@ -266,7 +268,7 @@ class GatewayProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self.transport.is_closing() or self._deferred is not None:  # lingering or refused: discarded
             return
-        if self._reading_head:
+        if self._reading_head or self._trailing:
             self._head_bytes += len(data)
         self._unset_keepalive_if_required()
         try:
@@ -275,7 +277,7 @@ class GatewayProtocol(HttpToolsProtocol):
             code, reason, message = self._refusal or (400, "badRequest", f"invalid HTTP request: {exc}")
             self._refuse(code, reason, message)
         else:
-            if self._reading_head and self._head_bytes > self._limits.max_head_bytes:
+            if (self._reading_head or self._trailing) and self._head_bytes > self._limits.max_head_bytes:
                 self._refuse(431, "headTooLarge", f"the request head exceeds {self._limits.max_head_bytes} bytes")
 
     # Parser callbacks (uvicorn's, extended)
@@ -283,6 +285,7 @@ class GatewayProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._idle_since = None
         self._header_count = self._head_size = 0
+        self._trailer_dropped = False
         self._arm_head_timer()
 
     def on_url(self, url: bytes) -> None:
@@ -298,7 +301,28 @@ class GatewayProtocol(HttpToolsProtocol):
         if self._head_size > self._limits.max_head_bytes:
             self._refusal = (431, "headTooLarge", f"the request head exceeds {self._limits.max_head_bytes} bytes")
             raise _HeadRefused
-        super().on_header(name, value)
+        if self._reading_head:
+            super().on_header(name, value)
+        elif not self._trailer_dropped:
+            # A field of a chunked body's trailer: uvicorn would add it to the request's headers,
+            # where it could stand in for a checked header (authorization, the request id).
+            self._trailer_dropped = True
+            self.registry.refused("trailerDropped")
+
+    def on_chunk_header(self) -> None:
+        """A chunk's size line: what follows is its data, or the trailer after the last (empty)
+        chunk, whose bytes llhttp hands over only per complete field, so they count as head bytes."""
+        self._trailing = True
+
+    def on_body(self, body: bytes) -> None:
+        if self._trailing:
+            self._trailing = False
+            self._head_bytes = 0
+        super().on_body(body)
+
+    def on_chunk_complete(self) -> None:
+        self._trailing = False
+        self._head_bytes = 0
 
     def on_headers_complete(self) -> None:
         self._reading_head = False

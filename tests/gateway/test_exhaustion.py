@@ -236,3 +236,53 @@ def test_control_bodies_up_to_64_kib_are_read(spy: SpyEngine) -> None:
         assert control_post(gateway, b"/v1/drain", over, auth).startswith(b"HTTP/1.1 413 ")
         assert control_post(gateway, b"/v1/drain", over, auth, chunked=True).startswith(b"HTTP/1.1 413 ")
         drains(gateway)
+
+
+# --- 4. a chunked body's trailer never reaches the engine, and is held to the head's limits ---
+
+def chunked_post(body: bytes, trailer: bytes) -> bytes:
+    return (b"POST /generate HTTP/1.1\r\nhost: j\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n"
+            b"\r\n%x\r\n%s\r\n0\r\n%s\r\n" % (len(body), body, trailer))
+
+
+def test_trailer_fields_never_reach_the_engine_nor_the_answer(spy: SpyEngine) -> None:
+    with gateway_process(spy.url, *LIMITS) as gateway:
+        mark = len(spy.seen)
+        trailer = b"content-type: text/evil\r\nauthorization: Bearer stolen\r\nx-request-id: from-the-trailer\r\n"
+        with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
+            sock.sendall(chunked_post(b'{"text": "judge"}', trailer))
+            reply = answer(sock, 1)
+        assert reply.startswith(b"HTTP/1.1 200 "), reply[:200]
+        assert b"from-the-trailer" not in reply
+        (seen,) = [s for s in spy.since(mark) if s.target == "/generate"]
+        assert dict(seen.headers).get("content-type") == "application/json"
+        assert "authorization" not in dict(seen.headers) and b"stolen" not in seen.body
+        assert refused(gateway, "trailerDropped") == 1
+        quickly_served(gateway)
+        drains(gateway)
+
+
+def test_an_endless_trailer_gets_431_with_bounded_memory(spy: SpyEngine) -> None:
+    with gateway_process(spy.url, *LIMITS) as gateway:
+        def endless() -> bytes:
+            with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
+                try:
+                    sock.sendall(chunked_post(b'{"text": "judge"}', b"x-endless: "))
+                    for _ in range(256):  # 16 MiB of one trailer field's value
+                        sock.sendall(b"a" * 65536)
+                except OSError:
+                    pass
+                return answer(sock, 3)
+
+        reply, grown = during(gateway, endless)
+        assert reply.startswith(b"HTTP/1.1 431 ") and b"headTooLarge" in reply, reply[:200]
+        assert grown < 12, grown
+        assert refused(gateway, "headTooLarge") == 1
+        many = b"".join(b"x-t%d: v\r\n" % i for i in range(200))
+        with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
+            sock.sendall(chunked_post(b'{"text": "judge"}', many))
+            assert answer(sock, 3).startswith(b"HTTP/1.1 431 ")
+        assert refused(gateway, "tooManyHeaders") == 1
+        settled(gateway)
+        quickly_served(gateway)
+        drains(gateway)
