@@ -9,6 +9,12 @@ can take (a nodeSelector nothing matches) stops the rollout with RolloutBlocked=
 scheduler's message and a Warning event while every old replica keeps serving; patching the
 selector back ends the rollout. With updateStrategy OnDelete a template change leaves the pods
 alone until one is deleted by hand, whose replacement has the new revision.
+
+Two template changes in quick succession under the same load (the second while the first's surge
+replica is not yet published) retarget one rollout: it retires that surge replica itself, which
+the node agent, like a kubelet, ends Succeeded or Failed while it terminates, and the rollout still
+ends Succeeded with no RolloutPartial or other Warning event and no request lost; a scale-out issued
+right after starts within a second (nothing left to back off from).
 """
 
 from __future__ import annotations
@@ -218,3 +224,55 @@ def test_unschedulable_surge_blocks_the_rollout_and_on_delete_waits_for_a_deleti
     assert _revisions(_live(cluster, namespace, name))[old[1]["metadata"]["name"]] == first
     print(f"rollout-e2e-ondelete: updatedReplicas={pool['status']['updatedReplicas']} "
           f"untouched=1 new_revision={new}")
+
+
+def test_two_quick_template_changes_retarget_one_rollout_that_succeeds_and_delays_no_scale_out(
+    cluster: Cluster, namespace: str
+) -> None:
+    name, replicas = "retarget", 3
+    cluster.kubectl("apply", "-f", "-", input=pool_manifest(name, namespace, replicas=replicas))
+    pool = cluster.wait_serving(namespace, name, replicas)
+    first, ops = pool["status"]["updateRevision"], pool["status"]["operationCount"]
+    before = set(_revisions(_live(cluster, namespace, name)))
+
+    with cluster.plain_clients(namespace, name) as plain:
+        wait_for("first requests", lambda: plain.ok_everywhere(5))
+        started = time.monotonic()
+        _patch(cluster, namespace, name, {"engine": {"env": [{"name": "JUDGE_MODE", "value": "strict"}]}})
+        surge = wait_for("the surge replica, not yet published", lambda: [
+            p for p in _live(cluster, namespace, name) if p["metadata"]["labels"].get(REVISION) != first
+            and p["metadata"]["labels"].get("genrm.io/published") != "true"], timeout=60, interval=0.1)[0]
+        between = surge["metadata"]["labels"][REVISION]
+        _patch(cluster, namespace, name, {"engine": {"env": [{"name": "JUDGE_MODE", "value": "lenient"}]}})
+        retargeted_in = time.monotonic() - started
+        pool = _rolled_out(cluster, namespace, name, replicas, first)
+        seconds = time.monotonic() - started
+
+        # A scale-out right after: no back-off holds it (the clock starts before kubectl does).
+        issued = time.monotonic()
+        cluster.scale(namespace, name, replicas + 1)
+        pools = client.CustomObjectsApi(cluster.api)
+        status = wait_for("the scale-out to start", lambda: (s := pools.get_namespaced_custom_object(
+            "genrm.io", "v1alpha1", namespace, "genrmpools", name).get("status") or {}).get(
+            "operationCount", 0) > ops + 1 and s, timeout=30, interval=0.05)
+        waited = time.monotonic() - issued
+        scaled = cluster.wait_serving(namespace, name, replicas + 1)
+        time.sleep(1)
+    account_plain(plain)
+    assert plain.stats.failed == 0, _failed_at(plain, started)
+
+    assert pool["status"]["updateRevision"] not in (first, between), (first, between, pool["status"])
+    history = [h for h in scaled["status"]["history"] if int(h["id"].removeprefix("op-")) > ops]
+    assert [(h["type"], h["outcome"]) for h in history] == [("Rollout", "Succeeded"), ("ScaleOut", "Succeeded")], \
+        history
+    assert (status.get("operation") or history[1])["type"] == "ScaleOut", status
+    events = client.CoreV1Api(cluster.api).list_namespaced_event(namespace).items
+    assert any(e.reason == "RolloutRetargeted" for e in events), [e.reason for e in events]
+    warnings = [(e.reason, e.message) for e in events if e.type == "Warning" or e.reason == "RolloutPartial"]
+    assert not warnings, warnings
+    assert waited < 1.0, f"the scale-out started {waited:.2f}s after it was issued"
+    after = set(_revisions(_live(cluster, namespace, name)))
+    assert not before & after and surge["metadata"]["name"] not in after, (before, after)
+    print(f"\nrollout-e2e-retarget: second_change_at_s={retargeted_in:.1f} rollout_s={seconds:.1f} "
+          f"outcome={history[0]['outcome']} scale_out_start_s={waited:.2f} requests={plain.stats.total_sent} "
+          f"failed={plain.stats.failed}")
