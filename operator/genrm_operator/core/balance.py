@@ -11,13 +11,14 @@ uniformly at random, so repeating the rule converges (see docs/concepts.md, *Loa
 Two rules, both pure functions of the samples and time:
 
 * **connections**: a replica holding more than ``ceil(C / P)`` of the pool's ``C`` client
-  connections over ``P`` published replicas, in this sample and the one before, hands back the
-  smaller of the two excesses. A pool within one connection of even (every replica at most the
-  ceiling) is left alone, so balancing stops by itself. Why two samples: client pools open and
-  close connections on their own (an ``httpx.Client`` with more threads than its 20 kept-alive
-  connections does so all the time), and each reconnect lands at random, so one sample's excess is
-  often noise that the next one no longer shows; only an excess that stays (the connections a
-  replica held before a scale-out) is worth handing back;
+  connections over ``P`` published replicas hands back the excess: at once when the excess is
+  larger than random placement explains (``sqrt(ceil(C / P))``, about one standard deviation of a
+  replica's count when every connection lands at random), else only when the previous sample showed
+  an excess too (the smaller of the two). A pool within one connection of even (every replica at
+  most the ceiling) is left alone, so balancing stops by itself. Why not every small excess: client
+  pools open and close connections on their own (an ``httpx.Client`` with more threads than its 20
+  kept-alive connections does so for most requests) and each reconnect lands at random, so a small
+  excess in one sample is often gone in the next; chasing it only adds reconnects;
 * **load**: with few connections per replica, random placement leaves some replicas with the
   busier ones. A replica serving more than ``LOAD_FACTOR`` times the pool's mean request rate
   for ``LOAD_HOLD_SECONDS`` hands back the share of its connections above the mean (busiest
@@ -86,12 +87,15 @@ def connection_sheds(replicas: Mapping[str, Traffic]) -> dict[str, int]:
 
 
 def lasting_sheds(previous: Sample | None, sample: Sample) -> dict[str, int]:
-    """The excess each replica had in ``sample`` and in ``previous`` too, the smaller of the two
-    (nothing without a previous sample of the same replicas)."""
-    if previous is None or set(previous.replicas) != set(sample.replicas):
-        return {}
-    before = connection_sheds(previous.replicas)
-    return {name: min(n, before[name]) for name, n in connection_sheds(sample.replicas).items() if name in before}
+    """What each replica hands back for connections: its excess in ``sample`` when larger than
+    random placement explains, else the smaller of its excesses in ``previous`` (a sample of the
+    same replicas) and ``sample``."""
+    replicas = sample.replicas
+    noise = math.sqrt(fair_ceiling(sum(t.connections for t in replicas.values()), len(replicas)))
+    comparable = previous is not None and set(previous.replicas) == set(replicas)
+    before = connection_sheds(previous.replicas) if previous is not None and comparable else {}
+    return {name: n if n > noise else min(n, before[name])
+            for name, n in connection_sheds(replicas).items() if n > noise or name in before}
 
 
 def request_rates(samples: Sequence[Sample], now_sample: Sample) -> dict[str, float]:
