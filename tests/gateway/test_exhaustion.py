@@ -9,11 +9,13 @@ Drained, and a bystander client is served meanwhile and afterwards.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from functools import partial
+from pathlib import Path
 
 import httpx
 import pytest
@@ -285,4 +287,73 @@ def test_an_endless_trailer_gets_431_with_bounded_memory(spy: SpyEngine) -> None
         assert refused(gateway, "tooManyHeaders") == 1
         settled(gateway)
         quickly_served(gateway)
+        drains(gateway)
+
+
+# --- 5. a JSON body costs the event loop time linear in its bytes, at C speed ---
+
+def cpu_seconds(gateway: Gateway) -> float:
+    """The gateway process's user and system CPU time so far."""
+    fields = Path(f"/proc/{gateway.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def probe_stall(gateway: Gateway, attack: Callable[[], object]) -> tuple[float, float]:
+    """The gateway's CPU seconds for ``attack`` and the slowest liveness probe while it ran."""
+    slowest = [0.0]
+    running = threading.Event()
+    running.set()
+
+    def probe() -> None:
+        with httpx.Client(timeout=10) as client:
+            while running.is_set():
+                started = time.monotonic()
+                assert client.get(f"{gateway.control}/healthz/live").status_code == 200
+                slowest[0] = max(slowest[0], time.monotonic() - started)
+                time.sleep(0.005)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    before = cpu_seconds(gateway)
+    try:
+        attack()
+    finally:
+        spent = cpu_seconds(gateway) - before
+        running.clear()
+        prober.join()
+    return spent, slowest[0]
+
+
+def judge(gateway: Gateway, body: bytes) -> httpx.Response:
+    return httpx.post(f"{gateway.url}/generate", content=body, headers={"content-type": "application/json"},
+                      timeout=30)
+
+
+TINY_STRINGS = b'{"text": [' + b'"a",' * ((8 << 20) - 65536 >> 2) + b'[],' * 10_001 + b'"a"]}'  # just under 8 MiB
+
+
+def test_a_json_body_of_tiny_strings_is_refused_without_stalling_the_loop(spy: SpyEngine) -> None:
+    with gateway_process(spy.url, *LIMITS, "--body-timeout-seconds", "10") as gateway:
+        assert len(TINY_STRINGS) < 8 << 20
+        spent, stalled = probe_stall(gateway, lambda: judge(gateway, TINY_STRINGS))
+        print(f"tiny strings: gateway CPU {spent:.3f} s, slowest liveness probe {stalled:.3f} s")
+        three: list[httpx.Response] = []
+
+        def three_at_once() -> None:
+            threads = [threading.Thread(target=lambda: three.append(judge(gateway, TINY_STRINGS))) for _ in range(3)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+
+        spent3, stalled3 = probe_stall(gateway, three_at_once)
+        print(f"three at once: gateway CPU {spent3:.3f} s, slowest liveness probe {stalled3:.3f} s")
+        assert [r.status_code for r in three] == [400] * 3
+        assert all(r.json()["error"]["reason"] == "jsonTooComplex" for r in three)
+        assert refused(gateway, "jsonTooComplex") == 4
+        # Receiving 8 MiB costs the gateway CPU too; the walk over 2 million strings cost a second.
+        assert spent < 0.5 and stalled < 0.5, (spent, stalled)
+        assert stalled3 < 1.0, stalled3
+        quickly_served(gateway)
+        settled(gateway)
         drains(gateway)
