@@ -67,7 +67,7 @@ def test_a_round_asks_the_crowded_replica_for_its_excess_once() -> None:
         balancer.follow(endpoints("a", "b", "c", "d"), {"p-0": doc(22)})
         await asyncio.sleep(0.2)
         assert sorted(set(sidecars.asked)) == ["a", "b", "c", "d"]
-        assert [(ip, r.connections, r.reason) for ip, r in sidecars.sheds] == [("a", 16, HandBack.BALANCE)]
+        assert [(ip, r.connections, r.reason) for ip, r in sidecars.sheds] == [("a", 17, HandBack.BALANCE)]
         # The clients reconnected and kube-proxy spread them: even within one, nothing more to do.
         sidecars.reports.update(a=doc(6), b=doc(6), c=doc(5), d=doc(5))
         await balancer.round()

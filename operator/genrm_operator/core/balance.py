@@ -11,14 +11,14 @@ uniformly at random, so repeating the rule converges (see docs/concepts.md, *Loa
 Two rules, both pure functions of the samples and time:
 
 * **connections**: a replica holding more than ``ceil(C / P)`` of the pool's ``C`` client
-  connections over ``P`` published replicas hands back the excess: at once when the excess is
-  larger than random placement explains (``sqrt(ceil(C / P))``, about one standard deviation of a
-  replica's count when every connection lands at random), else only when the previous sample showed
-  an excess too (the smaller of the two). A pool within one connection of even (every replica at
-  most the ceiling) is left alone, so balancing stops by itself. Why not every small excess: client
-  pools open and close connections on their own (an ``httpx.Client`` with more threads than its 20
-  kept-alive connections does so for most requests) and each reconnect lands at random, so a small
-  excess in one sample is often gone in the next; chasing it only adds reconnects;
+  connections over ``P`` published replicas hands back what it holds above ``floor(C / P)``. A pool
+  within one connection of even (every replica at most the ceiling) is left alone, so balancing
+  stops by itself. Down to the floor rather than the ceiling: a replica left short (the newest one
+  after a rollout, say) only gains from reconnects that happen to land on it, one in ``P``, so
+  handing back a little more fills it sooner. Client pools that open and close connections on their own (an ``httpx.Client`` with more
+  threads than its 20 kept-alive connections does so for most requests) keep the counts moving at
+  random, and the rule then chases some of that noise: a cost measured at about 1% of the clients'
+  own reconnects (docs/load-spread.md), against balancing seconds sooner after every publish;
 * **load**: with few connections per replica, random placement leaves some replicas with the
   busier ones. A replica serving more than ``LOAD_FACTOR`` times the pool's mean request rate
   for ``LOAD_HOLD_SECONDS`` hands back the share of its connections above the mean (busiest
@@ -81,21 +81,10 @@ def fair_ceiling(total: int, replicas: int) -> int:
 
 
 def connection_sheds(replicas: Mapping[str, Traffic]) -> dict[str, int]:
-    """Each replica's connections above its fair ceiling (the excess; none when balanced)."""
-    ceiling = fair_ceiling(sum(t.connections for t in replicas.values()), len(replicas))
-    return {name: t.connections - ceiling for name, t in replicas.items() if t.connections > ceiling}
-
-
-def lasting_sheds(previous: Sample | None, sample: Sample) -> dict[str, int]:
-    """What each replica hands back for connections: its excess in ``sample`` when larger than
-    random placement explains, else the smaller of its excesses in ``previous`` (a sample of the
-    same replicas) and ``sample``."""
-    replicas = sample.replicas
-    noise = math.sqrt(fair_ceiling(sum(t.connections for t in replicas.values()), len(replicas)))
-    comparable = previous is not None and set(previous.replicas) == set(replicas)
-    before = connection_sheds(previous.replicas) if previous is not None and comparable else {}
-    return {name: n if n > noise else min(n, before[name])
-            for name, n in connection_sheds(replicas).items() if n > noise or name in before}
+    """What each replica above the fair ceiling hands back: all it holds above the fair floor."""
+    total = sum(t.connections for t in replicas.values())
+    ceiling, floor = fair_ceiling(total, len(replicas)), total // len(replicas)
+    return {name: t.connections - floor for name, t in replicas.items() if t.connections > ceiling}
 
 
 def request_rates(samples: Sequence[Sample], now_sample: Sample) -> dict[str, float]:
@@ -120,8 +109,7 @@ def decide(sample: Sample, memory: Memory) -> tuple[list[Shed], Memory]:
     A replica shedding for connections does not also shed for load in the same decision: the
     first rule already moves its excess."""
     replicas = sample.replicas
-    previous = memory.samples[-1] if memory.samples else None
-    sheds = [Shed(name, n, HandBack.BALANCE) for name, n in sorted(lasting_sheds(previous, sample).items())]
+    sheds = [Shed(name, n, HandBack.BALANCE) for name, n in sorted(connection_sheds(replicas).items())]
     rates = request_rates(memory.samples, sample)
     hot_since: dict[str, float] = {}
     if len(replicas) > 1 and len(rates) == len(replicas) and sum(rates.values()) >= MIN_POOL_RATE:
