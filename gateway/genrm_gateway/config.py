@@ -58,8 +58,8 @@ class Limits:
     max_connections: int = _limit(4096, "open traffic connections beyond this get 503 and are closed")
     write_timeout_seconds: float = _limit(30.0, "a client that reads nothing of its response this long is cut "
                                                 "and its engine request aborted")
-    stream_buffer_bytes: int = _limit(1 << 20, "engine bytes buffered per streamed response before the gateway "
-                                               "stops reading from the engine")
+    stream_buffer_bytes: int = _limit(1 << 20, "engine bytes buffered per response (streamed or not) before the "
+                                               "gateway stops reading from the engine")
     keep_alive_seconds: float = _limit(75.0, "idle keep-alive client connections close after this")
     max_connection_age_seconds: float = _limit(300.0, "a client connection older than this (jittered by up to 10%% "
                                                       "either way) is handed back: its next response carries "

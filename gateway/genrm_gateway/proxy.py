@@ -233,22 +233,24 @@ class Proxy:
         headers.append((REQUEST_ID_HEADER, request_id))
         if self._drain.state is not DrainState.SERVING:
             headers += (DRAINING_HEADER, CLOSE_HEADER)
-        if exchange.streamed and scope["http_version"] != "1.0":
+        if exchange.streamed and scope["http_version"] == "1.0":
+            body = await self._whole_stream(exchange)
+            headers.append((b"content-length", str(len(body)).encode()))
             await send({"type": "http.response.start", "status": exchange.status, "headers": headers})
-            async for chunk in exchange.chunks():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b""})
+            await send({"type": "http.response.body", "body": body})
             return
-        body = await self._whole_body(exchange)
-        headers.append((b"content-length", str(len(body)).encode()))
-        await send({"type": "http.response.start", "status": exchange.status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-
-    async def _whole_body(self, exchange: Exchange) -> bytes:
-        """The response body in one piece; a stream only for an HTTP/1.0 client (no chunked
-        encoding there), so bounded by the stream buffer."""
         if not exchange.streamed:
-            return await exchange.read()
+            headers.append((b"content-length", str(exchange.length).encode()))
+        await send({"type": "http.response.start", "status": exchange.status, "headers": headers})
+        async for chunk in exchange.chunks():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        # This last send waits while the client's socket is full: the request stays in flight, and
+        # under the write timeout, until its answer is written, not only handed to the transport.
+        await send({"type": "http.response.body", "body": b""})
+
+    async def _whole_stream(self, exchange: Exchange) -> bytes:
+        """A streamed answer in one piece, for an HTTP/1.0 client (no chunked encoding there),
+        bounded by the stream buffer."""
         parts: list[bytes] = []
         size = 0
         async for chunk in exchange.chunks():

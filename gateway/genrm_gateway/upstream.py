@@ -71,12 +71,12 @@ class Exchange:
     """One request/response on an engine connection, filled in by the connection's parser."""
 
     __slots__ = ("_body", "_buffer_limit", "_buffered", "_complete", "_connection", "_error", "_head", "_waiter",
-                 "head_timeout", "headers", "read_timeout", "status", "streamed")
+                 "head_timeout", "headers", "length", "read_timeout", "status")
 
     def __init__(self, limits: Limits = _DEFAULT_LIMITS) -> None:
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
-        self.streamed = False
+        self.length: int | None = None  # the answer's Content-Length; None for a chunked (streamed) one
         self._body: list[bytes] = []
         self._buffered = 0
         self._buffer_limit = limits.stream_buffer_bytes
@@ -87,6 +87,10 @@ class Exchange:
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._connection: _Connection | None = None
+
+    @property
+    def streamed(self) -> bool:
+        return self.length is None
 
     @property
     def answered(self) -> bool:
@@ -115,15 +119,14 @@ class Exchange:
             await self._wait()
 
     async def read(self) -> bytes:
-        while not self._complete:
-            await self._wait()
-        return b"".join(self._body)
+        """The whole body (the engine's own small answers to the gateway: probes, aborts)."""
+        return b"".join([chunk async for chunk in self.chunks()])
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The body as it arrives (chunked responses, e.g. SSE streams).
+        """The body as it arrives, streamed (SSE) or not.
 
         Why the buffer limit: a client that stops reading must not make the gateway hold the
-        engine's whole stream; past ``buffer_limit`` bytes the engine connection stops being
+        engine's whole answer; past ``buffer_limit`` bytes the engine connection stops being
         read (TCP pushes back on the engine) until this consumer has taken what is buffered.
         """
         while True:
@@ -153,17 +156,18 @@ class Exchange:
     def _on_head(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.status = status
         self.headers = headers
-        self.streamed = not any(name == b"content-length" for name, _ in headers)
+        for name, value in headers:
+            if name == b"content-length":  # llhttp took it as the body's length: one, digits only
+                self.length = int(value)
         self._head = True
         self._wake()
 
     def _on_body(self, data: bytes) -> None:
         self._body.append(data)
-        if self.streamed:
-            self._buffered += len(data)
-            if self._buffered > self._buffer_limit and self._connection is not None:
-                self._connection.pause()
-            self._wake()
+        self._buffered += len(data)
+        if self._buffered > self._buffer_limit and self._connection is not None:
+            self._connection.pause()
+        self._wake()
 
     def _on_complete(self) -> None:
         self._complete = True

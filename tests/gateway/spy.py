@@ -114,6 +114,9 @@ class SpyEngine:
         if self.misbehave in STALLS and path != "/abort_request":
             await self._stall(conn, writer)
             return
+        if "answerBytes" in payload:
+            await self._large(conn, writer, int(payload["answerBytes"]))  # type: ignore[call-overload]
+            return
         if payload.get("stream"):
             await self._stream(conn, writer, int(payload.get("chunks", 4)),  # type: ignore[call-overload]
                                int(payload.get("eventBytes", len(STREAM_CHUNK))),  # type: ignore[call-overload]
@@ -151,6 +154,21 @@ class SpyEngine:
         await writer.drain()
         if burst:
             self.streamed_bytes += chunks * len(event)
+
+    async def _large(self, conn: h11.Connection, writer: asyncio.StreamWriter, size: int) -> None:
+        """A non-streamed answer of ``size`` bytes (with a Content-Length), written 64 KiB at a time
+        as fast as it is read; ``streamed_bytes`` counts what the gateway took."""
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(size).encode())]
+        writer.write(conn.send(h11.Response(status_code=200, headers=headers)) or b"")
+        left = size
+        while left:
+            piece = b"x" * min(left, len(STREAM_CHUNK))
+            writer.write(conn.send(h11.Data(data=piece)) or b"")
+            await writer.drain()
+            left -= len(piece)
+            self.streamed_bytes += len(piece)
+        writer.write(conn.send(h11.EndOfMessage()) or b"")
+        await writer.drain()
 
     async def _stall(self, conn: h11.Connection, writer: asyncio.StreamWriter) -> None:
         """An engine that stops answering: nothing at all ("silent"), or one event of a stream

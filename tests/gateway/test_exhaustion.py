@@ -357,3 +357,51 @@ def test_a_json_body_of_tiny_strings_is_refused_without_stalling_the_loop(spy: S
         quickly_served(gateway)
         settled(gateway)
         drains(gateway)
+
+
+# --- 6. a large non-streamed answer to a client that does not read is bounded and stays in flight ---
+
+def test_large_answers_to_clients_that_never_read_are_bounded_and_held_in_flight(spy: SpyEngine) -> None:
+    with gateway_process(spy.url, *LIMITS, "--write-timeout-seconds", "3") as gateway:
+        baseline, peak = rss_mb(gateway), 0.0
+        body = b'{"text": "judge", "answerBytes": %d}' % (32 << 20)
+        readers = []
+        for _ in range(4):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", gateway.port))
+            sock.sendall(HEAD % len(body) + body)
+            readers.append(sock)
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:  # well within the write timeout: nobody has been cut yet
+            peak = max(peak, rss_mb(gateway))
+            quickly_served(gateway, within=1.0)
+            time.sleep(0.05)
+        print(f"4 clients not reading 32 MiB answers: peak growth {peak - baseline:.1f} MiB, "
+              f"the engine sent {spy.streamed_bytes / 2**20:.1f} MiB")
+        assert gateway.state()["inflight"] == 4  # answers not written are not finished
+        # The engine was pushed back: what it sent is the gateway's buffer and the kernel's socket buffers.
+        assert spy.streamed_bytes < 4 * (24 << 20), spy.streamed_bytes
+        assert peak - baseline < 4 * 6, (baseline, peak)  # before: about twice the answer per client
+        settled(gateway, seconds=8)  # cut at the write timeout
+        assert refused(gateway, "writeTimeout") == 4
+        for sock in readers:
+            assert answer(sock, 0.5).startswith(b"HTTP/1.1 200 ")  # what was written, then the cut
+            sock.close()
+        quickly_served(gateway)
+        drains(gateway)
+
+
+def test_large_answers_are_whole_for_clients_that_read(spy: SpyEngine) -> None:
+    with gateway_process(spy.url, *LIMITS, "--stream-buffer-bytes", "65536") as gateway:
+        for size in (0, 1, 65535, 65537, 3 << 20):
+            response = httpx.post(f"{gateway.url}/generate", content=b'{"text": "j", "answerBytes": %d}' % size,
+                                  headers={"content-type": "application/json"}, timeout=10)
+            assert response.status_code == 200 and len(response.content) == size
+            assert response.headers["content-length"] == str(size)
+        with socket.create_connection(("127.0.0.1", gateway.port)) as sock:  # HTTP/1.0: no chunked encoding
+            body = b'{"text": "j", "answerBytes": 200000}'
+            sock.sendall(b"POST /generate HTTP/1.0\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+            head, _, content = answer(sock, 3).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 ") and b"content-length: 200000" in head and len(content) == 200000
+        settled(gateway)
