@@ -15,10 +15,11 @@ Two rules, both pure functions of the samples and time:
   within one connection of even (every replica at most the ceiling) is left alone, so balancing
   stops by itself. Down to the floor rather than the ceiling: a replica left short (the newest one
   after a rollout, say) only gains from reconnects that happen to land on it, one in ``P``, so
-  handing back a little more fills it sooner. Client pools that open and close connections on their own (an ``httpx.Client`` with more
-  threads than its 20 kept-alive connections does so for most requests) keep the counts moving at
-  random, and the rule then chases some of that noise: a cost measured at about 1% of the clients'
-  own reconnects (docs/load-spread.md), against balancing seconds sooner after every publish;
+  handing back a little more fills it sooner. Client pools that open and close connections on
+  their own (an ``httpx.Client`` with more threads than its 20 kept-alive connections does so for
+  most requests) keep the counts moving at random, and the rule then chases some of that noise: a
+  few percent of the clients' own reconnects (docs/load-spread.md), against balancing seconds
+  sooner after every publish;
 * **load**: with few connections per replica, random placement leaves some replicas with the
   busier ones. A replica serving more than ``LOAD_FACTOR`` times the pool's mean request rate
   for ``LOAD_HOLD_SECONDS`` hands back the share of its connections above the mean (busiest
