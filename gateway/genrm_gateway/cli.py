@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import resource
 import socket
 import sys
 from collections.abc import Callable, Sequence
@@ -24,6 +25,9 @@ from genrm_gateway.server import GatewayServer
 # Far beyond any judge request: uvicorn must never cut in-flight requests on shutdown by itself.
 GRACEFUL_SHUTDOWN_SECONDS = 3600
 DEFAULTS = GatewayConfig()
+# Open files beyond the client connections and an engine connection for each: the listening
+# sockets, the control port's clients (kubelet, operator, Prometheus), the event loop's own, stdio.
+OPEN_FILES_MARGIN = 256
 
 
 def _env(name: str, convert: Callable[[str], Any], default: Any) -> Any:
@@ -80,10 +84,34 @@ def _listen(host: str, port: int) -> socket.socket:
     return socket.create_server((host, port), family=family, backlog=2048)
 
 
+def ensure_open_files(max_connections: int) -> None:
+    """Raise the soft open-file limit to the hard one; exit when that cannot hold
+    ``max_connections`` client connections, an engine connection for each and the margin.
+
+    Why: past the limit, accepting and connecting fail, so the probes and judge requests get
+    resets instead of the documented ``503 tooManyConnections``; a container's soft limit is often
+    1,024. Each client connection runs one request at a time, so it holds one engine connection
+    at most (a pipelined request waits for the one before it).
+    """
+    needed = 2 * max_connections + OPEN_FILES_MARGIN
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        sys.exit(f"genrm-gateway: --max-connections {max_connections} needs {needed} open files (a client and an "
+                 f"engine connection each, and {OPEN_FILES_MARGIN} more), but the hard RLIMIT_NOFILE is {hard}; "
+                 "raise the container's open-file limit or lower maxConnections")
+    if hard != resource.RLIM_INFINITY:
+        target = hard
+    else:  # an unlimited soft limit is refused for open files; ask for what is needed
+        target = soft if soft == resource.RLIM_INFINITY or soft >= needed else needed
+    if target != soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
 def serve(args: argparse.Namespace) -> None:
     if args.port == args.control_port:
         sys.exit("genrm-gateway: --port and --control-port must differ")
     limits = Limits(**{limit.name: getattr(args, limit.name) for limit in dataclasses.fields(Limits)})
+    ensure_open_files(limits.max_connections)
     config = GatewayConfig(
         host=args.host,
         port=args.port,

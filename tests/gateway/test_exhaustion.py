@@ -10,16 +10,21 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from functools import partial
 from pathlib import Path
 
 import httpx
 import pytest
 from conftest import TOKEN, Gateway, gateway_process
+from genrm_testing import free_port
 from spy import SpyEngine, running_spy
 from test_limits import LIMITS, answer, rss_mb, served
 
@@ -405,3 +410,69 @@ def test_large_answers_are_whole_for_clients_that_read(spy: SpyEngine) -> None:
             head, _, content = answer(sock, 3).partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200 ") and b"content-length: 200000" in head and len(content) == 200000
         settled(gateway)
+
+
+# --- 7. the open-file limit never comes before maxConnections ---
+
+@contextmanager
+def soft_open_files(soft: int) -> Iterator[None]:
+    """Processes started inside inherit a soft RLIMIT_NOFILE of ``soft`` (the hard one unchanged)."""
+    before = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, before[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, before)
+
+
+def open_files(gateway: Gateway) -> tuple[int, int]:
+    """The gateway process's soft and hard RLIMIT_NOFILE."""
+    for line in Path(f"/proc/{gateway.process.pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            soft, hard = line.split()[3:5]
+            return int(soft), int(hard)
+    raise AssertionError("no open-file limit")
+
+
+@pytest.mark.skipif(resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 4096, reason="needs a hard open-file limit "
+                    "of 4096 or more")
+def test_a_low_soft_open_file_limit_is_raised_so_idle_connections_get_the_documented_503(spy: SpyEngine) -> None:
+    with ExitStack() as stack:
+        with soft_open_files(1024):  # a container's usual soft limit, for the gateway only
+            gateway = stack.enter_context(gateway_process(spy.url, *LIMITS, "--max-connections", "1050",
+                                                          "--head-timeout-seconds", "30"))
+        idle = [stack.enter_context(socket.create_connection(("127.0.0.1", gateway.port))) for _ in range(1050)]
+        assert httpx.get(f"{gateway.control}/healthz/live", timeout=5).status_code == 200
+        with socket.create_connection(("127.0.0.1", gateway.port)) as extra:
+            assert answer(extra, 3).startswith(b"HTTP/1.1 503 ")
+        assert refused(gateway, "tooManyConnections") == 1
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        assert open_files(gateway) == (hard, hard)
+        for sock in idle[:50]:
+            sock.close()
+        time.sleep(0.3)
+        quickly_served(gateway)
+        for sock in idle[50:]:
+            sock.close()
+        drains(gateway)
+
+
+def test_the_gateway_refuses_to_start_when_the_hard_open_file_limit_cannot_hold_max_connections() -> None:
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+
+    command = [sys.executable, "-m", "genrm_gateway", "serve", "--host", "127.0.0.1", "--port", str(free_port()),
+               "--control-port", str(free_port()), "--engine-url", "http://127.0.0.1:9"]
+    refused_start = subprocess.run([*command, "--max-connections", "4096"], preexec_fn=limited,
+                                   capture_output=True, timeout=60)
+    assert refused_start.returncode != 0
+    assert b"RLIMIT_NOFILE" in refused_start.stderr and b"max-connections" in refused_start.stderr, \
+        refused_start.stderr
+    fits = subprocess.Popen([*command, "--max-connections", "300"], preexec_fn=limited,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        time.sleep(3)
+        assert fits.poll() is None  # 300 clients, an engine connection each and the margin fit in 1024
+    finally:
+        fits.terminate()
+        fits.wait(10)
