@@ -26,6 +26,7 @@ from genrm_sim import contract
 from genrm_sim.answers import Answer, AnswerKey, SamplingParams, count_prompt_tokens, judge_answer, reward_score
 from genrm_sim.config import SimConfig
 from genrm_sim.dialects import (
+    JSON,
     BadRequest,
     Call,
     ChatCompletions,
@@ -43,6 +44,9 @@ SIM_VERSION = f"{contract.load().version}+genrm-sim"
 HEALTH_CHECK_RID_PREFIX = "HEALTH_CHECK"
 # SGLang's /health generation: one greedy token for input_ids=[0], left out of the request metrics.
 _HEALTH_PROBE = judge_answer(AnswerKey("health", True), [0], SamplingParams(temperature=0.0, max_new_tokens=1), 0)
+REQUEST_STATE_WAIT_SECONDS = 4.0
+"""SGLang's ``SGLANG_REQUEST_STATE_WAIT_TIMEOUT``: how often a waiting non-streamed request looks
+for a disconnected client."""
 _FORWARD_PASS = Answer((), "stop")
 """A classification: one forward pass (the time to first token), no generated tokens."""
 _NOT_JSON = ("[{'loc': ['header', 'content-type'], 'msg': \"Unsupported Media Type: Only 'application/json' "
@@ -107,17 +111,55 @@ class Simulator:
             return _json(dialect.error(exc), 400)
         if self.config.error_rate and self._failures.random() < self.config.error_rate:
             return _error(500, "injected engine failure", "InternalServerError")
-        job = Job(rid=call.rid or uuid.uuid4().hex, prompt_tokens=count_prompt_tokens(call.prompt),
-                  answer=judge_answer(self._key, call.prompt, call.params, secrets.randbits(64)), stream=call.stream)
+        calls = call.members or (call,)
+        jobs = [Job(rid=c.rid or uuid.uuid4().hex, prompt_tokens=count_prompt_tokens(c.prompt),
+                    answer=judge_answer(self._key, c.prompt, c.params, secrets.randbits(64)), stream=c.stream)
+                for c in calls]
         try:
-            self.scheduler.submit(job)
+            self._submit(jobs)
         except DuplicateRequest as exc:
             return _json(dialect.error(exc), 400)
         if call.stream:
-            return StreamingResponse(self._stream(dialect, call, job), media_type="text/event-stream",
-                                     background=BackgroundTask(self.scheduler.release, job))
-        tokens = [token async for token in self.scheduler.generate(job)]
-        return _json(dialect.response(call, self._outcome(job, "".join(tokens), finished=True)))
+            return StreamingResponse(self._stream(dialect, calls, jobs, batch=bool(call.members)),
+                                     media_type="text/event-stream", background=BackgroundTask(self._release, jobs))
+        texts = await self._answers(request, jobs)
+        responses = [dialect.response(c, self._outcome(job, text, finished=True))
+                     for c, job, text in zip(calls, jobs, texts, strict=True)]
+        return _json(responses if call.members else responses[0])
+
+    def _submit(self, jobs: list[Job]) -> None:
+        """Register every job of a request, or none (a duplicate id refuses the whole request)."""
+        try:
+            for job in jobs:
+                self.scheduler.submit(job)
+        except DuplicateRequest:
+            self._release(jobs)
+            raise
+
+    def _release(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            self.scheduler.release(job)
+
+    async def _answers(self, request: Request, jobs: list[Job]) -> list[str]:
+        """The jobs' whole texts. As SGLang's tokenizer manager does for a non-streamed request,
+        every ``REQUEST_STATE_WAIT_SECONDS`` without an answer it asks whether the client left, and
+        then aborts each job's id (by prefix, as every abort): a client gone without an explicit
+        ``/abort_request`` (a batch through the gateway) stops costing the engine within seconds."""
+        tasks = [asyncio.ensure_future(self._text(job)) for job in jobs]
+        try:
+            while True:
+                _, pending = await asyncio.wait(tasks, timeout=REQUEST_STATE_WAIT_SECONDS)
+                if not pending:
+                    return [task.result() for task in tasks]
+                if await request.is_disconnected():
+                    for job in jobs:
+                        self.scheduler.abort(job.rid)
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def _text(self, job: Job) -> str:
+        return "".join([token async for token in self.scheduler.generate(job)])
 
     async def classify(self, request: Request, openai: bool) -> Response:
         """SGLang's reward-model route: one forward pass per input, scores instead of text."""
@@ -150,14 +192,46 @@ class Simulator:
         async for _ in self.scheduler.generate(job):
             pass
 
-    async def _stream(self, dialect: Dialect, call: Call, job: Job) -> AsyncIterator[bytes]:
-        text = ""
+    async def _stream(self, dialect: Dialect, calls: tuple[Call, ...], jobs: list[Job],
+                      batch: bool) -> AsyncIterator[bytes]:
+        """SSE events, then ``[DONE]``. A batch's members stream interleaved as their chunks come,
+        each chunk with its member's ``index`` (SGLang's ``_stream_batch_responses``)."""
+        if not batch:
+            async for chunk in self._events(dialect, calls[0], jobs[0]):
+                yield _sse(chunk)
+            yield b"data: [DONE]\n\n"
+            return
+        queue: asyncio.Queue[JSON | None] = asyncio.Queue()
+
+        async def member(index: int, call: Call, job: Job) -> None:
+            try:
+                async for chunk in self._events(dialect, call, job):
+                    queue.put_nowait(chunk | {"index": index})
+            finally:
+                queue.put_nowait(None)
+
+        tasks = [asyncio.ensure_future(member(i, c, j)) for i, (c, j) in enumerate(zip(calls, jobs, strict=True))]
+        try:
+            for _ in tasks:
+                while (event := await queue.get()) is not None:
+                    yield _sse(event)
+            yield b"data: [DONE]\n\n"
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def _events(self, dialect: Dialect, call: Call, job: Job) -> AsyncIterator[JSON]:
+        """One request's stream chunks. Where the dialect reports the finish in the last token's
+        chunk (SGLang's native stream), that chunk carries it; otherwise, and after an abort,
+        closing chunks do."""
+        text, finished = "", False
         async for token in self.scheduler.generate(job):
             text += token
-            yield _sse(dialect.chunk(call, self._outcome(job, text, finished=False), token))
-        for chunk in dialect.closing_chunks(call, self._outcome(job, text, finished=True)):
-            yield _sse(chunk)
-        yield b"data: [DONE]\n\n"
+            finished = dialect.finish_in_last_token and job.generated == len(job.answer.tokens)
+            yield dialect.chunk(call, self._outcome(job, text, finished=finished), token)
+        if not finished:
+            for chunk in dialect.closing_chunks(call, self._outcome(job, text, finished=True)):
+                yield chunk
 
     @staticmethod
     def _outcome(job: Job, text: str, finished: bool) -> Outcome:

@@ -9,6 +9,7 @@ reproduce each one's field names, defaults, streaming framing and refusals (SGLa
 from __future__ import annotations
 
 import time
+import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,8 @@ class Call:
     stream: bool
     include_usage: bool
     model: str
+    members: tuple[Call, ...] = ()
+    """A batched ``/generate``: one call per prompt, each under its own rid (empty otherwise)."""
 
 
 @dataclass(frozen=True)
@@ -88,8 +91,33 @@ def _rid(body: JSON) -> str | None:
     return rid if isinstance(rid, str) else None
 
 
+def _batch(prompt: object) -> list[object] | None:
+    """The prompts of a batched ``/generate`` (SGLang's ``_determine_batch_size``: a list of texts,
+    or a list of token-id lists), else None."""
+    if isinstance(prompt, list) and prompt and (isinstance(prompt[0], str) or isinstance(prompt[0], list)):
+        return list(prompt)
+    return None
+
+
+def _member_rids(given: object, size: int) -> list[str]:
+    """SGLang's ``_normalize_rid``: a fresh id per prompt, ``<rid>_<i>`` for one string, or the
+    client's list, which must have one id per prompt."""
+    if given is None:
+        return [uuid.uuid4().hex for _ in range(size)]
+    if isinstance(given, str):
+        return [f"{given}_{i}" for i in range(size)]
+    if isinstance(given, list) and all(isinstance(item, str) for item in given):
+        if len(given) != size:
+            raise BadRequest("The specified rids length mismatch with the batch_size for batch processing.")
+        return list(given)
+    raise BadRequest("The rid should be a string or a list of strings.")
+
+
 class Dialect(ABC):
     """Parses requests and renders responses for one route."""
+
+    finish_in_last_token = False
+    """Whether the chunk of the last token carries the finish reason (else a closing chunk does)."""
 
     @abstractmethod
     def parse(self, body: JSON, model: str, deterministic: bool) -> Call: ...
@@ -117,17 +145,31 @@ class NativeGenerate(Dialect):
         if prompt is None:
             raise BadRequest("either text or input_ids is required")
         sampling = body.get("sampling_params") or {}
-        if not isinstance(sampling, dict):
+        samplings = sampling if isinstance(sampling, list) else [sampling]
+        if not all(isinstance(item, dict) for item in samplings):
             raise BadRequest("sampling_params must be an object")
-        _strict_sampling_params(sampling)
-        params = SamplingParams(
+        for item in samplings:
+            _strict_sampling_params(item)
+        stream = bool(body.get("stream"))
+        prompts = _batch(prompt)
+        if prompts is None:
+            return Call(_rid(body), prompt, self._params(samplings[0], deterministic), stream, False, model)
+        rids = _member_rids(body.get("rid"), len(prompts))
+        if len(samplings) not in (1, len(prompts)):
+            raise BadRequest("sampling_params must be an object or one per prompt")
+        members = tuple(Call(rid, item, self._params(samplings[i % len(samplings)], deterministic), stream, False,
+                             model) for i, (rid, item) in enumerate(zip(rids, prompts, strict=True)))
+        return Call(None, prompt, members[0].params, stream, False, model, members)
+
+    @staticmethod
+    def _params(sampling: JSON, deterministic: bool) -> SamplingParams:
+        return SamplingParams(
             temperature=_number(sampling, "temperature", 1.0),
             top_p=_number(sampling, "top_p", 1.0),
             top_k=int(_number(sampling, "top_k", -1)),
             max_new_tokens=int(_number(sampling, "max_new_tokens", DEFAULT_MAX_NEW_TOKENS)),
             sampling_seed=_seed(sampling.get("sampling_seed"), deterministic),
         )
-        return Call(_rid(body), prompt, params, bool(body.get("stream")), False, model)
 
     def response(self, call: Call, outcome: Outcome) -> JSON:
         return {"text": outcome.text, "meta_info": self._meta(outcome)}
@@ -135,9 +177,16 @@ class NativeGenerate(Dialect):
     def error(self, exc: ValueError) -> JSON:
         return {"error": str(exc) if isinstance(exc, ContractError) else {"message": str(exc)}}
 
+    finish_in_last_token = True
+    """SGLang's native stream ends with the last token's chunk, its ``finish_reason`` set; an
+    aborted request's last chunk is the abort's (``finish_reason.type`` ``abort``)."""
+
     def chunk(self, call: Call, outcome: Outcome, delta: str) -> JSON:
         """SGLang streams the cumulative text, so a chunk is the response so far."""
         return self.response(call, outcome)
+
+    def closing_chunks(self, call: Call, outcome: Outcome) -> list[JSON]:
+        return [self.response(call, outcome)]
 
     @staticmethod
     def _meta(outcome: Outcome) -> JSON:

@@ -83,12 +83,18 @@ class Scheduler:
         await self._idle.wait()
 
     def abort(self, rid: str | None, abort_all: bool = False) -> int:
-        """Abort one job (or all); returns how many were found."""
+        """Abort as SGLang does; returns how many jobs were aborted.
+
+        SGLang's tokenizer manager drops an abort whose rid is empty or not in flight; the
+        scheduler then aborts every request whose rid *starts with* the given one
+        (``req.rid.startswith(recv_req.rid)``), so an id that is the start of another aborts both.
+        """
         if abort_all:
             victims = list(self._jobs.values())
+        elif not rid or rid not in self._jobs:
+            victims = []
         else:
-            job = None if rid is None else self._jobs.get(rid)
-            victims = [] if job is None else [job]
+            victims = [job for job in self._jobs.values() if job.rid.startswith(rid)]
         for job in victims:
             job.aborted.set()
         return len(victims)

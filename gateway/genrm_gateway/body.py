@@ -31,18 +31,35 @@ _MARKS_PER_STEP = 1 << 16
 
 
 class RequestIds:
-    """Engine request ids: unique per gateway process and never chosen by a client.
+    """Engine request ids: unique per gateway process, never chosen by a client, and none the
+    start of another.
 
     A random prefix per process and a counter: cheap, and unique across restarts of the sidecar
-    while the engine (which rejects a duplicate rid) keeps running.
+    while the engine (which rejects a duplicate rid) keeps running. Why a fixed width: SGLang's
+    scheduler aborts every request whose rid *starts with* the aborted one (``abort_request`` in
+    ``managers/scheduler.py``), for ``/abort_request`` and for its own abort of a disconnected
+    client alike; with a variable-width counter, aborting ``-2`` also ended ``-20``, ``-2f`` and
+    the members ``-2.0`` of a batch, whose clients got a 200 with a truncated answer. Ids of one
+    length are prefixes of no other id.
     """
+
+    COUNTER_DIGITS = 16
+    """Hex digits of the counter: a 64-bit count never outgrows them."""
 
     def __init__(self) -> None:
         self._prefix = "gw" + os.urandom(6).hex() + "-"
         self._counter = itertools.count(1)
 
     def mint(self) -> str:
-        return f"{self._prefix}{next(self._counter):x}"
+        return f"{self._prefix}{next(self._counter):0{self.COUNTER_DIGITS}x}"
+
+
+def member_rids(rid: str, size: int) -> list[str]:
+    """The engine ids of a batch's prompts: ``rid`` (minted for this batch alone, and never sent on
+    its own) and the member's index, zero-padded to one width per batch so that, as for ``mint``,
+    no member's id is the start of another's (``.1`` would be the start of ``.10``)."""
+    width = len(str(size - 1))
+    return [f"{rid}.{index:0{width}d}" for index in range(size)]
 
 
 def correlation_id(value: object) -> bytes:
@@ -158,5 +175,5 @@ def engine_body(body: bytes, limits: Limits, ids: RequestIds) -> tuple[bytes, st
         start = body.index(b"{") + 1
         rest = body[start:].lstrip()
         return b'{"rid":"' + engine_rid.encode() + (b'",' if rest[:1] != b"}" else b'"') + rest, engine_rid, echo
-    payload["rid"] = engine_rid if size is None else [f"{engine_rid}.{i}" for i in range(size)]
+    payload["rid"] = engine_rid if size is None else member_rids(engine_rid, size)
     return json.dumps(payload, separators=(",", ":")).encode(), engine_rid if size is None else None, echo

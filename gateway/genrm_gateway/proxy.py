@@ -262,8 +262,15 @@ class Proxy:
         return b"".join(parts)
 
     async def _abort(self, rid: str | None) -> None:
-        """Stop the engine's work for a client that left; the count drops only after this. A batch
-        (no single rid) is aborted by the engine itself when its connection closes."""
+        """Stop the engine's work for a client that left; the count drops only after this.
+
+        Why not leave it to SGLang, which aborts a disconnected client's request too: it notices
+        only when it next looks, up to ``SGLANG_REQUEST_STATE_WAIT_TIMEOUT`` (4 s) later for a
+        non-streamed request and 2 s after a stream ends (``create_abort_task``), all of it decoding
+        for nobody. SGLang aborts every rid that starts with this one, which is why minted ids
+        are fixed-width (``RequestIds``). A batch (no single rid; SGLang's ``/abort_request`` only
+        takes a rid in flight, one member at a time) is left to that engine-side abort: the
+        closed engine connection is its disconnect."""
         if rid is None:
             return
         try:

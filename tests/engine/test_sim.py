@@ -146,6 +146,54 @@ def test_queueing_and_abort() -> None:
         assert "abort" in reasons
 
 
+def test_abort_is_by_prefix_of_an_id_in_flight_as_in_sglang() -> None:
+    """SGLang's scheduler aborts every rid that starts with the aborted one; its tokenizer manager
+    drops an abort whose rid is not in flight (so ``a-`` alone aborts nothing)."""
+    with run_sim("--sim-ttft-ms", "1500") as sim:
+        rids = ("a-1", "a-10", "a-1.0", "a-2", "b-1")
+        results: dict[str, str] = {}
+
+        def post(rid: str) -> None:
+            body = httpx.post(f"{sim.url}/generate", json={"text": "x", "rid": rid}, timeout=10).json()
+            results[rid] = body["meta_info"]["finish_reason"]["type"]
+
+        threads = [threading.Thread(target=post, args=(rid,)) for rid in rids]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.5)
+        httpx.post(f"{sim.url}/abort_request", json={"rid": "a-"})  # not in flight: ignored
+        httpx.post(f"{sim.url}/abort_request", json={"rid": ""})  # empty: ignored, not "abort all"
+        httpx.post(f"{sim.url}/abort_request", json={"rid": "a-1"})
+        for thread in threads:
+            thread.join()
+        assert results == {"a-1": "abort", "a-10": "abort", "a-1.0": "abort", "a-2": "stop", "b-1": "stop"}
+
+
+def test_a_batched_generate_answers_one_result_per_rid() -> None:
+    """SGLang's batched ``/generate``: a list of results in prompt order, each under its rid (the
+    client's list, ``<rid>_<i>`` for one string); streamed, chunks carry their member's ``index``."""
+    with run_sim("--sim-itl-ms", "1") as sim:
+        params = {"temperature": 0, "max_new_tokens": 4}
+        batch = httpx.post(f"{sim.url}/generate", json={
+            "text": ["one", "two", "three"], "rid": ["r0", "r1", "r2"], "sampling_params": params}).json()
+        assert [item["meta_info"]["id"] for item in batch] == ["r0", "r1", "r2"]
+        assert [item["text"] for item in batch] == [generate(sim.url, {"text": t, "sampling_params": params})
+                                                    for t in ("one", "two", "three")]
+        named = httpx.post(f"{sim.url}/generate", json={"text": ["a", "b"], "rid": "job", "sampling_params": params})
+        assert [item["meta_info"]["id"] for item in named.json()] == ["job_0", "job_1"]
+        mismatch = httpx.post(f"{sim.url}/generate", json={"text": ["a", "b"], "rid": ["only"]})
+        assert mismatch.status_code == 400
+        assert mismatch.json()["error"]["message"] == \
+            "The specified rids length mismatch with the batch_size for batch processing."
+        with httpx.stream("POST", f"{sim.url}/generate", json={
+                "text": ["one", "two"], "stream": True, "sampling_params": params}) as stream:
+            events = [line for line in stream.iter_lines() if line]
+        assert events[-1] == "data: [DONE]"
+        chunks = [json.loads(line[6:]) for line in events[:-1]]
+        final = {c["index"]: c["text"] for c in chunks if c["meta_info"]["finish_reason"] is not None}
+        assert final == {0: batch[0]["text"], 1: batch[1]["text"]}
+
+
 def test_failure_injection_from_flags_and_env() -> None:
     with run_sim(env={"GENRM_SIM_ERROR_RATE": "1"}) as failing:
         assert httpx.post(f"{failing.url}/generate", json={"text": "x"}).status_code == 500

@@ -9,6 +9,7 @@ The oracle, for every attack in the corpus and every fuzzed request:
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import socket
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.timeout(240)
 
 ALLOWED = {(route.method, path) for path, route in PROXIED.items()}
 ENGINE_HEADERS = {"host", "content-length", "content-type", "accept", "authorization"}
-MINTED = re.compile(r"gw[0-9a-f]{12}-[0-9a-f]+(\.[0-9]+)?")
+MINTED = re.compile(r"gw[0-9a-f]{12}-[0-9a-f]{16}(\.[0-9]+)?")
 STATUS = re.compile(rb"HTTP/1\.1 (\d{3}) ")
 VALID = b'{"text": "judge this", "sampling_params": {"max_new_tokens": 4}}'
 
@@ -108,6 +109,9 @@ def violations(seen: list[Seen], admitted: int) -> list[str]:
                     found.append(f"engine rid not minted by the gateway: {item!r}")
                 else:
                     minted.add(item)
+    ordered = sorted(minted)
+    # SGLang aborts by prefix; sorted, an id that starts another starts the one right after it.
+    found += [f"aborting {a!r} would also abort {b!r}" for a, b in itertools.pairwise(ordered) if b.startswith(a)]
     if proxied > admitted:
         found.append(f"the engine got {proxied} requests for {admitted} admitted")
     return found
