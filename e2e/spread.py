@@ -18,8 +18,10 @@ import asyncio
 import itertools
 import logging
 import math
+import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -54,10 +56,17 @@ class _RetryCounter(logging.Handler):
             self.retries += 1
 
 
+GATEWAY_ID = re.compile(r"gw[0-9a-f]{12}")
+"""The start of every engine request id a gateway mints: its process's own, so it names the replica
+that answered (``meta_info.id`` of SGLang's native answers, ``id`` of OpenAI-style ones)."""
+
+
 @dataclass
 class KeepAliveStats:
     ok: dict[str, int] = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
+    answered_by: list[tuple[float, str, str]] = field(default_factory=list)
+    """(time.monotonic(), client kind, gateway id) of every successful answer."""
 
     @property
     def sent(self) -> int:
@@ -110,12 +119,25 @@ class KeepAliveClients:
         with self._lock:
             return all(n >= at_least for n in self.stats.ok.values())
 
-    def _record(self, kind: str, failure: str | None) -> None:
+    def _record(self, kind: str, failure: str | None, answer: str = "") -> None:
         with self._lock:
             if failure is None:
                 self.stats.ok[kind] += 1
+                if found := GATEWAY_ID.search(answer):
+                    self.stats.answered_by.append((time.monotonic(), kind, found.group()))
             else:
                 self.stats.failures.append(Failure(time.monotonic(), kind, failure))
+
+    def kind_shares(self, start: float, end: float) -> dict[str, list[float]]:
+        """Per client kind, the shares of its answers each replica (gateway) gave between ``start`` and
+        ``end``, largest first."""
+        with self._lock:
+            counts = Counter((kind, gateway) for at, kind, gateway in self.stats.answered_by if start <= at <= end)
+        totals = Counter[str]()
+        for (kind, _), n in counts.items():
+            totals[kind] += n
+        return {kind: sorted((n / totals[kind] for (k, _), n in counts.items() if k == kind), reverse=True)
+                for kind in sorted(totals)}
 
     def _native(self, kind: str) -> dict[str, object]:
         return {"text": f"Judge answer {kind}-{next(self._ids)}: is 2+2=4?",
@@ -125,10 +147,10 @@ class KeepAliveClients:
         while not self._stop.is_set():
             try:
                 response = self._httpx.post(f"{self.base_url}/generate", json=self._native("httpx"))
-                failure = _status_failure(response.status_code, response.headers, response.text)
+                failure, answer = _status_failure(response.status_code, response.headers, response.text), response.text
             except httpx.HTTPError as exc:
-                failure = f"{type(exc).__name__}: {exc}"
-            self._record("httpx", failure)
+                failure, answer = f"{type(exc).__name__}: {exc}", ""
+            self._record("httpx", failure, answer)
 
     def _requests_sender(self) -> None:
         with requests.Session() as session:
@@ -137,20 +159,22 @@ class KeepAliveClients:
                     response = session.post(f"{self.base_url}/generate", json=self._native("requests"),
                                             timeout=TIMEOUT_SECONDS)
                     failure = _status_failure(response.status_code, response.headers, response.text)
+                    answer = response.text
                 except requests.RequestException as exc:
-                    failure = f"{type(exc).__name__}: {exc}"
-                self._record("requests", failure)
+                    failure, answer = f"{type(exc).__name__}: {exc}", ""
+                self._record("requests", failure, answer)
 
     def _openai_sender(self) -> None:
         with openai.OpenAI(base_url=f"{self.base_url}/v1", api_key="unused") as client:
             while not self._stop.is_set():
                 try:
-                    client.completions.create(model=self.model, max_tokens=self.max_tokens, temperature=0,
-                                              prompt=f"Judge answer openai-{next(self._ids)}: is 2+2=4?")
-                    failure = None
+                    completion = client.completions.create(
+                        model=self.model, max_tokens=self.max_tokens, temperature=0,
+                        prompt=f"Judge answer openai-{next(self._ids)}: is 2+2=4?")
+                    failure, answer = None, completion.id
                 except openai.OpenAIError as exc:
-                    failure = f"{type(exc).__name__}: {exc}"
-                self._record("openai", failure)
+                    failure, answer = f"{type(exc).__name__}: {exc}", ""
+                self._record("openai", failure, answer)
 
     def _aiohttp_senders(self) -> None:
         asyncio.run(self._aiohttp_session())
@@ -164,8 +188,8 @@ class KeepAliveClients:
                             text = await response.text()
                             failure = _status_failure(response.status, response.headers, text)
                     except (aiohttp.ClientError, TimeoutError) as exc:
-                        failure = f"{type(exc).__name__}: {exc}"
-                    self._record("aiohttp", failure)
+                        failure, text = f"{type(exc).__name__}: {exc}", ""
+                    self._record("aiohttp", failure, text)
             await asyncio.gather(*(send() for _ in range(self.mix["aiohttp"])))
 
 

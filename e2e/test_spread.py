@@ -63,7 +63,8 @@ def test_keep_alive_clients_reach_replicas_added_by_a_scale_out_and_a_rollout(cl
         assert held[first] <= 0.40, held
         new_shares = [share for pod, share in held.items() if pod != first]
         print(f"\nspread-e2e: scale 1->4 spread_s={spread_at - published_at:.1f} window={_fmt(window)} "
-              f"held={_fmt(held)} requests={clients.stats.sent} openai_retries={clients.openai_retries}")
+              f"held={_fmt(held)} requests={clients.stats.sent} openai_retries={clients.openai_retries} "
+              f"by_kind={_by_kind(clients, spread_at)}")
         TALLY.spread_old_share = held[first]
         TALLY.spread_min_new_share = min(new_shares)
 
@@ -80,7 +81,8 @@ def test_keep_alive_clients_reach_replicas_added_by_a_scale_out_and_a_rollout(cl
         held = _held(meter, spread_at)
         assert max(held.values()) <= 0.40, held
         print(f"spread-e2e: rollout spread_s={spread_at - published_at:.1f} window={_fmt(window)} "
-              f"held={_fmt(held)} requests={clients.stats.sent} openai_retries={clients.openai_retries}")
+              f"held={_fmt(held)} requests={clients.stats.sent} openai_retries={clients.openai_retries} "
+              f"by_kind={_by_kind(clients, spread_at)}")
     _no_failures(clients)
 
 
@@ -107,8 +109,15 @@ def test_keep_alive_clients_reach_replicas_the_autoscaler_adds(cluster: Cluster,
         held = _held(meter, spread_at)
         assert max(held.values()) <= 1.6 / 3, held
         print(f"\nspread-e2e: autoscaler 1->3 spread_s={spread_at - published_at:.1f} window={_fmt(window)} "
-              f"held={_fmt(held)} requests={clients.stats.sent} openai_retries={clients.openai_retries}")
+              f"held={_fmt(held)} requests={clients.stats.sent} openai_retries={clients.openai_retries} "
+              f"by_kind={_by_kind(clients, spread_at)}")
     _no_failures(clients)
+
+
+def _by_kind(clients: KeepAliveClients, start: float) -> str:
+    """Each client kind's answers over the hold, as the shares of the replicas that gave them (largest first)."""
+    shares = clients.kind_shares(start, start + HOLD_SECONDS)
+    return ";".join(f"{kind}:" + "/".join(f"{share:.2f}" for share in values) for kind, values in shares.items())
 
 
 def _fmt(shares: dict[str, float]) -> str:
