@@ -112,8 +112,10 @@ class Simulator:
         if self.config.error_rate and self._failures.random() < self.config.error_rate:
             return _error(500, "injected engine failure", "InternalServerError")
         calls = call.members or (call,)
+        priority = self._priority(body)
         jobs = [Job(rid=c.rid or uuid.uuid4().hex, prompt_tokens=count_prompt_tokens(c.prompt),
-                    answer=judge_answer(self._key, c.prompt, c.params, secrets.randbits(64)), stream=c.stream)
+                    answer=judge_answer(self._key, c.prompt, c.params, secrets.randbits(64)), stream=c.stream,
+                    priority=priority)
                 for c in calls]
         try:
             self._submit(jobs)
@@ -126,6 +128,15 @@ class Simulator:
         responses = [dialect.response(c, self._outcome(job, text, finished=True))
                      for c, job, text in zip(calls, jobs, texts, strict=True)]
         return _json(responses if call.members else responses[0])
+
+    def _priority(self, body: dict[str, Any]) -> int | None:
+        """The request's priority; SGLang's ``_set_default_priority`` fills in
+        ``--default-priority-value`` only under priority scheduling."""
+        given = body.get("priority")
+        priority = given if isinstance(given, int) and not isinstance(given, bool) else None
+        if priority is None and self.config.enable_priority_scheduling:
+            return self.config.default_priority_value
+        return priority
 
     def _submit(self, jobs: list[Job]) -> None:
         """Register every job of a request, or none (a duplicate id refuses the whole request)."""

@@ -34,7 +34,7 @@ _TYPES: dict[str | None, Callable[[str], Any]] = {"int": int, "float": float, "s
 _MODELLED = frozenset({
     "model_path", "served_model_name", "host", "port", "random_seed", "enable_metrics",
     "enable_deterministic_inference", "tp_size", "revision", "max_total_tokens", "max_running_requests",
-    "is_embedding", "attention_backend",
+    "is_embedding", "attention_backend", "enable_priority_scheduling", "default_priority_value",
 })
 SIGTERM_POLL_SECONDS = 5.0
 """SGLang's ``sigterm_watchdog`` looks at the exit flag and the remaining requests every 5 s."""
@@ -129,6 +129,8 @@ def parse_config(argv: Sequence[str] | None = None) -> SimConfig:
         tp_size=given.get("tp_size", 1),
         revision=given.get("revision"),
         attention_backend=given.get("attention_backend"),
+        enable_priority_scheduling=given.get("enable_priority_scheduling", False),
+        default_priority_value=given.get("default_priority_value"),
         is_generation=not (given.get("is_embedding", False) or args.sim_classifier),
         max_total_tokens=_int(given.get("max_total_tokens"), 65536),
         startup_seconds=args.sim_startup_seconds,

@@ -20,6 +20,8 @@ class SimConfig:
     tp_size: int = 1
     revision: str | None = None
     attention_backend: str | None = None
+    enable_priority_scheduling: bool = False
+    default_priority_value: int | None = None
     is_generation: bool = True
     """False for a reward/classification model: it answers ``/classify``, not ``/generate``."""
     startup_seconds: float = 0.0

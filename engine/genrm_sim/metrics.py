@@ -33,6 +33,7 @@ class LoadView(Protocol):
     def queued(self) -> int: ...
     @property
     def used_tokens(self) -> int: ...
+    def by_priority(self, running: bool) -> dict[int | None, int]: ...
 
 
 class FinishedJob(Protocol):
@@ -50,6 +51,8 @@ class _LoadCollector(Collector):
         self._load = load
         self._config = config
         self._metrics = metrics
+        self._priorities: dict[str, set[int | None]] = {"num_running_reqs": set(), "num_queue_reqs": set()}
+        """Every priority seen per count: SGLang keeps exporting one at 0 once it is gone."""
 
     def collect(self) -> Iterator[Metric]:
         used = self._load.used_tokens
@@ -65,6 +68,14 @@ class _LoadCollector(Collector):
         for name, (doc, value) in values.items():
             family = GaugeMetricFamily(f"sglang:{name}", doc, labels=list(labels))
             family.add_metric(list(labels.values()), float(value))
+            known = self._priorities.get(name)
+            if known is not None and "priority" in labels:
+                # SGLang's _log_gauge_queue_count: the total under priority="" (above), then one
+                # series per priority ever seen ("None" for requests without one).
+                counts = self._load.by_priority(running=name == "num_running_reqs")
+                known.update(counts)
+                for priority in known:
+                    family.add_metric([*list(labels.values())[:-1], str(priority)], float(counts.get(priority, 0)))
             yield family
 
 
@@ -76,6 +87,8 @@ class SimMetrics:
         self.registry = CollectorRegistry()
         self.scheduler_labels = {"model_name": config.served_model_name, "engine_type": "unified",
                                  "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
+        if config.enable_priority_scheduling:
+            self.scheduler_labels["priority"] = ""  # last: the per-priority series replace it
         request_labels = ["model_name", "engine_type", "is_streaming"]
 
         def histogram(name: str, doc: str, labels: list[str]) -> Histogram:

@@ -36,7 +36,10 @@ class Job:
     stream: bool = False
     log_metrics: bool = True
     """False for SGLang's internal health-check generation, which its request metrics leave out."""
+    priority: int | None = None
     generated: int = 0
+    running: bool = False
+    """Whether it holds a slot of the running batch (else it waits in the queue)."""
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -74,6 +77,14 @@ class Scheduler:
     def pending(self) -> int:
         """Requests known to the engine, running or queued."""
         return len(self._jobs)
+
+    def by_priority(self, running: bool) -> dict[int | None, int]:
+        """Running (or queued) requests per priority, as SGLang's ``QueueCount.from_reqs``."""
+        counts: dict[int | None, int] = {}
+        for job in self._jobs.values():
+            if job.running is running:
+                counts[job.priority] = counts.get(job.priority, 0) + 1
+        return counts
 
     @property
     def used_tokens(self) -> int:
@@ -119,6 +130,7 @@ class Scheduler:
         try:
             async with self._slots:
                 self._running += 1
+                job.running = True
                 try:
                     if job.log_metrics:
                         self._metrics.queue_time.observe(time.monotonic() - arrived)
@@ -129,6 +141,7 @@ class Scheduler:
                         self.last_output = time.monotonic()
                 finally:
                     self._running -= 1
+                    job.running = False
         finally:
             self.release(job)
             if job.log_metrics:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 from dataclasses import dataclass
 
@@ -20,6 +21,12 @@ _LOAD_SERIES = {
     "sglang:num_queue_reqs": "queued",
     "sglang:token_usage": "token_usage",
 }
+
+
+# A Prometheus text sample: name, the label block (escaped quotes allowed in values), the value.
+_SAMPLE = re.compile(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{((?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*",?)*)\})?'
+                     r"[ \t]+(\S+)(?:[ \t]+\S+)?")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
 @dataclass(frozen=True)
@@ -37,19 +44,44 @@ class EngineLoad:
 
 
 def parse_sglang_metrics(text: str) -> EngineLoad:
-    """Sum the load gauges over their label sets (one per DP rank)."""
+    """The engine's load from SGLang's scheduler gauges, each request counted once.
+
+    - With ``--enable-priority-scheduling`` SGLang exports each count twice over: the total under
+      ``priority=""`` and a breakdown under ``priority="<value>"`` (``_log_gauge_queue_count``, with
+      ``"None"`` for requests without one). Only series whose ``priority`` is empty or absent are
+      totals, so the breakdowns are skipped.
+    - With data parallelism every DP rank is its own scheduler with its own series (``dp_rank``):
+      request counts are summed over ranks. Token usage is each rank's share of its own KV pool, so
+      adding ranks' ratios means nothing; the replica's is the fullest rank's (the max), because a
+      rank whose pool is full queues and retracts its requests whatever the others hold, and the
+      autoscaler's KV-cache signal is a saturation guard (it already takes the max over pods).
+    """
     sums: dict[str, float] = {}
+    usage: float | None = None
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
         field = _LOAD_SERIES.get(name)
-        if field is not None:
-            with contextlib.suppress(ValueError, IndexError):
-                sums[field] = sums.get(field, 0.0) + float(line.rsplit(" ", 1)[1])
+        if field is None:
+            continue
+        sample = _SAMPLE.fullmatch(line.strip())
+        if sample is None:
+            continue
+        labels, raw = sample.group(2) or "", sample.group(3)
+        if any(key == "priority" and value for key, value in _LABEL.findall(labels)):
+            continue
+        try:
+            value = float(raw)
+        except ValueError:
+            continue
+        if field == "token_usage":
+            usage = value if usage is None else max(usage, value)
+        else:
+            sums[field] = sums.get(field, 0.0) + value
     running, queued = sums.get("running"), sums.get("queued")
     return EngineLoad(
         running=None if running is None else int(running),
         queued=None if queued is None else int(queued),
-        token_usage=sums.get("token_usage"),
+        token_usage=usage,
     )
 
 
