@@ -239,10 +239,15 @@ class Proxy:
             await send({"type": "http.response.start", "status": exchange.status, "headers": headers})
             await send({"type": "http.response.body", "body": body})
             return
+        chunks = exchange.chunks()
+        first = b""
         if not exchange.streamed:
             headers.append((b"content-length", str(exchange.length).encode()))
+            first = await anext(chunks, b"")  # the head goes out with these: a small answer is one write
         await send({"type": "http.response.start", "status": exchange.status, "headers": headers})
-        async for chunk in exchange.chunks():
+        if first:
+            await send({"type": "http.response.body", "body": first, "more_body": True})
+        async for chunk in chunks:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         # This last send waits while the client's socket is full: the request stays in flight, and
         # under the write timeout, until its answer is written, not only handed to the transport.
