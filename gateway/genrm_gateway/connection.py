@@ -279,6 +279,12 @@ class GatewayProtocol(HttpToolsProtocol):
         else:
             if (self._reading_head or self._trailing) and self._head_bytes > self._limits.max_head_bytes:
                 self._refuse(431, "headTooLarge", f"the request head exceeds {self._limits.max_head_bytes} bytes")
+            elif self.timeout_keep_alive_task is None and self._head_timer is None and (
+                    self.cycle is None or self.cycle.response_complete):
+                # Bytes that begin no request (a bare CRLF) or end one nobody reads (the body of
+                # a refused request) cancelled the keep-alive timer, and no request's timeouts
+                # apply: without this the connection would have no timer at all.
+                self._arm_head_timer()
 
     # Parser callbacks (uvicorn's, extended)
     def on_message_begin(self) -> None:
@@ -339,6 +345,12 @@ class GatewayProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._reading_head = True
+        if self.cycle is not None and self.cycle.response_complete and self.timeout_keep_alive_task is None:
+            # Answered before its body ended (a refusal): idle now, under the keep-alive timeout,
+            # as uvicorn would have it after the answer had the body's bytes not cancelled it.
+            self._cancel_head_timer()
+            self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
+                                                                self.timeout_keep_alive_handler)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -408,8 +420,10 @@ class GatewayProtocol(HttpToolsProtocol):
         self.transport.close()
 
     def _arm_head_timer(self) -> None:
+        """The head timeout, or, for the rest of a body no one reads, the body timeout."""
         if self._head_timer is None:
-            self._head_timer = self.loop.call_later(self._limits.head_timeout_seconds, self._head_timed_out)
+            seconds = self._limits.head_timeout_seconds if self._reading_head else self._limits.body_timeout_seconds
+            self._head_timer = self.loop.call_later(seconds, self._head_timed_out)
 
     def _cancel_head_timer(self) -> None:
         if self._head_timer is not None:
@@ -418,7 +432,12 @@ class GatewayProtocol(HttpToolsProtocol):
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
-        if not self._reading_head or self.transport.is_closing():
+        if self.transport.is_closing():
+            return
+        if not self._reading_head:
+            if self.cycle is not None and self.cycle.response_complete:  # a body no one reads: answered already
+                self.registry.refused("bodyTimeout")
+                self.transport.close()
             return
         if self._head_bytes:
             self._refuse(408, "headTimeout", "the request head did not arrive in time")

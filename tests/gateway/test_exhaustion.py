@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import socket
 import subprocess
@@ -476,3 +477,75 @@ def test_the_gateway_refuses_to_start_when_the_hard_open_file_limit_cannot_hold_
     finally:
         fits.terminate()
         fits.wait(10)
+
+
+# --- 8. every idle connection has a timer, whatever bytes it sent ---
+
+def closed_within(sock: socket.socket, seconds: float) -> bytes | None:
+    """What the gateway sent until it closed ``sock``, or None if it is still open after ``seconds``."""
+    sock.settimeout(0.1)
+    received, deadline = b"", time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            continue
+        except OSError:
+            return received
+        if not chunk:
+            return received
+        received += chunk
+    return None
+
+
+def whole_response(sock: socket.socket) -> bytes:
+    """One response with a Content-Length, read to its last byte."""
+    sock.settimeout(2)
+    received = b""
+    while b"\r\n\r\n" not in received:
+        received += sock.recv(65536)
+    head, _, body = received.partition(b"\r\n\r\n")
+    declared = re.search(rb"content-length: (\d+)", head, re.IGNORECASE)
+    assert declared is not None, head
+    length = int(declared[1])
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+def test_connections_that_send_stray_bytes_after_an_answer_are_closed_in_time(spy: SpyEngine) -> None:
+    with gateway_process(spy.url, *LIMITS) as gateway:
+        kinds = {
+            "crlf after an answer": (b"GET /v1/models HTTP/1.1\r\nhost: j\r\n\r\n", b"\r\n"),
+            "a body byte after a 404": (b"POST /nope HTTP/1.1\r\nhost: j\r\ncontent-length: 5\r\n\r\n", b"x"),
+            "a body byte after a 405": (b"GET /generate HTTP/1.1\r\nhost: j\r\ncontent-length: 5\r\n\r\n", b"x"),
+        }
+        socks: list[tuple[str, socket.socket]] = []
+        for name, (request, stray) in kinds.items():
+            for _ in range(8):
+                sock = socket.create_connection(("127.0.0.1", gateway.port))
+                sock.sendall(request)
+                assert whole_response(sock).startswith(b"HTTP/1.1 "), name  # the answer is complete
+                sock.sendall(stray)
+                socks.append((name, sock))
+        started = time.monotonic()
+        for name, sock in socks:
+            left = closed_within(sock, max(0.1, started + 4 - time.monotonic()))
+            assert left is not None, f"{name}: still open"
+            sock.close()
+        assert refused(gateway, "headTimeout") == 8
+        assert refused(gateway, "bodyTimeout") == 16
+        quickly_served(gateway)
+        settled(gateway)
+        drains(gateway)
+
+
+def test_a_crlf_after_an_answer_does_not_outlive_the_fence(spy: SpyEngine) -> None:
+    with gateway_process(spy.url, *LIMITS, "--head-timeout-seconds", "3") as gateway:
+        sock = socket.create_connection(("127.0.0.1", gateway.port))
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nhost: j\r\n\r\n")
+        assert whole_response(sock).startswith(b"HTTP/1.1 200 ")
+        sock.sendall(b"\r\n")
+        drains(gateway)
+        assert closed_within(sock, 4) is not None
+        sock.close()
