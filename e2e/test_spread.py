@@ -38,9 +38,11 @@ def _held(meter: ShareMeter, start: float) -> dict[str, float]:
 
 
 def _no_failures(clients: KeepAliveClients) -> None:
+    """Nothing failed, and no openai retry saved a request (its default retries would hide a loss)."""
     TALLY.plain_requests += clients.stats.sent
     TALLY.plain_failed += len(clients.stats.failures)
     assert not clients.stats.failures, [str(f) for f in clients.stats.failures[:20]]
+    assert clients.openai_retries == 0
 
 
 def test_keep_alive_clients_reach_replicas_added_by_a_scale_out_and_a_rollout(cluster: Cluster, namespace: str) -> None:

@@ -34,6 +34,15 @@ def test_min_above_max_is_rejected(cluster: Cluster, namespace: str) -> None:
     assert "spec.autoscaling" in error and "minReplicas" in error
 
 
+def test_a_connection_age_that_would_turn_keep_alive_off_is_rejected(cluster: Cluster, namespace: str) -> None:
+    error = cluster.kubectl_fails("apply", "-f", "-", input=_with(
+        namespace, gateway={"limits": {"maxConnectionAgeSeconds": 2}}))
+    assert "spec.gateway.limits.maxConnectionAgeSeconds" in error and "at least 10" in error
+    for fine in (0, 10, 300):
+        cluster.kubectl("apply", "--dry-run=server", "-f", "-",
+                        input=_with(namespace, gateway={"limits": {"maxConnectionAgeSeconds": fine}}))
+
+
 def test_changing_an_immutable_field_is_rejected(cluster: Cluster, namespace: str) -> None:
     cluster.kubectl("apply", "-f", "-", input=pool_manifest("bad", namespace, replicas=0))
     patch = json.dumps({"spec": {"engine": {"seed": 8}}})

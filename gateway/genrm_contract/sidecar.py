@@ -112,9 +112,9 @@ class UndrainRequest(_Document):
 class ShedRequest(_Document):
     """``POST /v1/shed``: hand back ``connections`` client connections, the busiest first.
 
-    Each one closes gently: a busy connection answers its next request with ``Connection: close``
-    (never cutting a request that runs), an idle one is closed once idle a while. A retried call
-    with the same ``shedId`` does nothing more, so the operator may retry freely."""
+    Each one closes gently: the response to its next request (or to the one running, if its head
+    is not written yet) carries ``Connection: close``; a request running on it is never cut. A
+    retried call with the same ``shedId`` does nothing more, so the operator may retry freely."""
 
     shed_id: str = Field(alias="shedId", min_length=1, max_length=128)
     connections: int = Field(ge=1, le=1_000_000)
@@ -156,6 +156,9 @@ class StateDocument(_Document):
     client_connections: int | None = Field(default=None, alias="clientConnections", ge=0)
     """Open client connections on the traffic port that are not being handed back: what the
     operator balances (None from a gateway older than balancing). A load figure: not significant."""
+    handing_back: int = Field(default=0, alias="handingBack", ge=0)
+    """Connections marked for hand-back and still open (their clients have not reconnected yet): the
+    operator counts them in the pool's total, or it would shed again for connections on their way."""
     boot_id: str | None = Field(default=None, alias="bootId")
     """Changes when the gateway restarts: versions count from 1 again."""
     version: int | None = Field(default=None, ge=0)

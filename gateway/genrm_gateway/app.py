@@ -100,8 +100,7 @@ class Gateway:
     async def _retire_idle(self) -> None:
         """During a drain, or while the engine is unreachable, keep closing keep-alive connections
         as they turn idle: a client's next request then opens a new connection, which the Service
-        sends to a replica that can answer, instead of meeting a refusal on a kept-alive one.
-        While serving, connections being handed back are closed the same way once idle."""
+        sends to a replica that can answer, instead of meeting a refusal on a kept-alive one."""
         while True:
             await asyncio.sleep(_RETIRE_EVERY_SECONDS)
             state = self.drain.state
@@ -109,5 +108,3 @@ class Gateway:
                 self.connections.retire(state)
             elif not self.engine.up:
                 self.connections.retire(DrainState.FENCED)
-            elif self.connections.marked:
-                self.connections.close_idle_marked()

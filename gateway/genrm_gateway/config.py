@@ -63,7 +63,7 @@ class Limits:
     keep_alive_seconds: float = _limit(75.0, "idle keep-alive client connections close after this")
     max_connection_age_seconds: float = _limit(300.0, "a client connection older than this (jittered by up to 10%% "
                                                       "either way) is handed back: its next response carries "
-                                                      "Connection: close, or it closes once idle; 0 turns this off")
+                                                      "Connection: close; 0 turns this off")
     engine_wait_seconds: float = _limit(5.0, "a request that finds the engine unreachable waits this long for it "
                                              "to come back (a restarted container) before a retryable 503")
     engine_head_timeout_seconds: float = _limit(600.0, "an engine answer whose head has not come this long after the "

@@ -14,7 +14,7 @@ It also carries three things the gateway needs from the connection layer:
 - hand-back, the same gentle close while serving: kube-proxy places connections, not requests, so
   a busy keep-alive client never reaches a replica added after it connected unless a replica that
   holds too many connections gives some back (the operator's balancer asks for it, and a maximum
-  connection age does it without the operator; docs/concepts.md, *Load spread*);
+  connection age does it without the operator; docs/load-spread.md);
 - its transport: coalesced writes (a response costs one socket write, not two: on a 2-core pod
   each write is a measurable share of the gateway's CPU) and a lingering close.
 """
@@ -100,8 +100,8 @@ class _HeadRefused(Exception):
     """Raised inside a parser callback; the refusal itself waits on the protocol."""
 
 
-# How long a keep-alive connection must have been idle before a soft drain or a hand-back closes
-# it. A client that is busy reuses its connection within milliseconds and is better served by the
+# How long a keep-alive connection must have been idle before a soft drain closes it. A client
+# that is busy reuses its connection within milliseconds and is better served by the
 # ``Connection: close`` on its next response than by a close racing its next request.
 SOFT_DRAIN_IDLE_SECONDS = 1.0
 AGE_JITTER = 0.1
@@ -132,8 +132,8 @@ class Connections:
 
     @property
     def kept(self) -> int:
-        """Open connections not being handed back: the count the operator balances."""
-        return len(self._open) - len(self.marked)
+        """Open connections neither being handed back nor closing: the count the operator balances."""
+        return sum(1 for c in self._open if c.handback is None and not c.transport.is_closing())
 
     def shed(self, shed_id: str, count: int, reason: HandBack) -> int:
         """Hand back ``count`` connections, busiest (most requests per second of life) first; returns
@@ -141,7 +141,7 @@ class Connections:
         if shed_id in self._sheds:
             return self._sheds[shed_id]
         now = time.monotonic()
-        chosen = heapq.nlargest(count, (c for c in self._open if c.handback is None),
+        chosen = heapq.nlargest(count, (c for c in self._open if c.handback is None and not c.transport.is_closing()),
                                 key=lambda c: c.request_rate(now))
         for connection in chosen:
             connection.hand_back(reason)
@@ -149,13 +149,6 @@ class Connections:
         if len(self._sheds) > SHED_IDS_KEPT:
             del self._sheds[next(iter(self._sheds))]
         return len(chosen)
-
-    def close_idle_marked(self) -> None:
-        """Close the connections being handed back that have been idle a while (a busy one gets
-        ``Connection: close`` on its next response instead; see ``SOFT_DRAIN_IDLE_SECONDS``)."""
-        now = time.monotonic()
-        for connection in list(self.marked):
-            connection.close_if_idle(now, SOFT_DRAIN_IDLE_SECONDS)
 
     def admit(self, connection: GatewayProtocol) -> bool:
         if len(self._open) >= self.limits.max_connections:
@@ -367,7 +360,13 @@ class GatewayProtocol(HttpToolsProtocol):
     def hand_back(self, reason: HandBack) -> None:
         """Close this connection gently so its client reconnects (and the Service places it anew):
         the response being answered carries ``Connection: close`` if its head is not written yet,
-        else the next one does; while idle, ``Connections.close_idle_marked`` closes it."""
+        else the next one does.
+
+        An idle connection is left to its next request rather than closed: however long it has
+        been idle, its client may be sending on it at the moment of the close, and a request that
+        crosses a close is lost (httpx, requests and aiohttp all report the server disconnected,
+        without retrying a POST). One that is never used again closes at the keep-alive timeout
+        and no longer counts toward the replica's share meanwhile."""
         if self.handback is not None or self.transport.is_closing():
             return
         self.handback = reason
@@ -385,14 +384,7 @@ class GatewayProtocol(HttpToolsProtocol):
         if self._idle_since is None or self._head_bytes:
             if self.cycle is not None:
                 self.cycle.keep_alive = False
-        else:
-            self.close_if_idle(now, idle_for)
-
-    def close_if_idle(self, now: float, idle_for: float) -> None:
-        """Close now if idle (no request begun) for ``idle_for`` seconds or more."""
-        idle_since = self._idle_since
-        if idle_since is not None and not self._head_bytes and now - idle_since >= idle_for \
-                and not self.transport.is_closing():
+        elif now - self._idle_since >= idle_for and not self.transport.is_closing():
             self.transport.close()
 
     def _refuse(self, code: int, reason: str, message: str) -> None:

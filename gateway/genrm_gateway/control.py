@@ -148,7 +148,7 @@ def create_control_app(admission: Admission, drain: DrainController, engine: Eng
             engine=EngineReport(up=engine.up, healthy=engine.healthy, running_requests=load.running,
                                 queued_requests=load.queued, token_usage=load.token_usage),
             idle_since_seconds=None if idle is None else round(idle, 3),
-            client_connections=connections.kept,
+            client_connections=connections.kept, handing_back=len(connections.marked),
         ))
 
     @app.exception_handler(Refusal)

@@ -2,7 +2,8 @@
 
 Aspects under test: idle (no sidecar call) with one published replica or no client anywhere; a round
 asks the replica above the fair ceiling for its excess, once, with a fresh shed id; a round in which
-one published replica does not answer decides nothing; replicas that are not serving take no part;
+one published replica does not answer decides nothing; replicas that are not serving or whose engine
+is unhealthy take no part; connections being handed back count in the pool's total;
 closing stops the loop.
 """
 
@@ -15,11 +16,12 @@ from genrm_operator.shell.balancer import PoolBalancer
 from genrm_operator.shell.sidecar import Endpoint
 
 
-def doc(connections: int, state: DrainState = DrainState.SERVING, admitted: int = 0) -> StateDocument:
+def doc(connections: int, state: DrainState = DrainState.SERVING, admitted: int = 0, handing_back: int = 0,
+        healthy: bool = True) -> StateDocument:
     return StateDocument(
         state=state, drain_id=None, inflight=0, admitted_total=admitted, completed_total=admitted, refused_total=0,
-        engine=EngineReport(up=True, healthy=True, running_requests=0, queued_requests=0, token_usage=0.0),
-        idle_since_seconds=None, client_connections=connections, boot_id="b", version=1)
+        engine=EngineReport(up=True, healthy=healthy, running_requests=0, queued_requests=0, token_usage=0.0),
+        idle_since_seconds=None, client_connections=connections, handing_back=handing_back, boot_id="b", version=1)
 
 
 class Sidecars:
@@ -68,6 +70,11 @@ def test_a_round_asks_the_crowded_replica_for_its_excess_once() -> None:
         await asyncio.sleep(0.2)
         assert sorted(set(sidecars.asked)) == ["a", "b", "c", "d"]
         assert [(ip, r.connections, r.reason) for ip, r in sidecars.sheds] == [("a", 17, HandBack.BALANCE)]
+        # The next round comes while the marked connections still finish their requests: they count
+        # in the pool's total, so nothing more is shed for connections on their way.
+        sidecars.reports.update(a=doc(5, handing_back=17), b=doc(0), c=doc(0), d=doc(0))
+        await balancer.round()
+        assert len(sidecars.sheds) == 1
         # The clients reconnected and kube-proxy spread them: even within one, nothing more to do.
         sidecars.reports.update(a=doc(6), b=doc(6), c=doc(5), d=doc(5))
         await balancer.round()
@@ -91,5 +98,10 @@ def test_a_round_with_a_silent_replica_decides_nothing_and_draining_ones_take_no
         for _ in range(2):
             await balancer.round()
         assert sidecars.sheds == [], "one serving replica: nothing to balance against"
+        # An unhealthy engine makes its replica unready: kube-proxy places nothing there, so it must
+        # not count in the fair share (the others would shed for ever).
+        sidecars.reports.update(a=doc(11), b=doc(0, healthy=False))
+        await balancer.round()
+        assert sidecars.sheds == []
         await balancer.close()
     run(scenario())

@@ -111,6 +111,14 @@ class EngineSpec(ApiModel):
 class GatewayLimits(ApiModel):
     """What one client may cost a replica's gateway; each refusal has its own status code."""
 
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": validations(
+            cel("self.maxConnectionAgeSeconds == 0.0 || self.maxConnectionAgeSeconds >= 10.0",
+                "maxConnectionAgeSeconds must be 0 (off) or at least 10: shorter ages turn keep-alive off",
+                ".maxConnectionAgeSeconds"),
+        )
+    }
+
     max_head_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
     """Request line plus headers larger than this are refused with 431."""
     max_headers: int = Field(100, ge=8, le=10000)
@@ -133,8 +141,8 @@ class GatewayLimits(ApiModel):
     """Idle keep-alive client connections are closed after this."""
     max_connection_age_seconds: float = Field(300.0, ge=0, le=86400)
     """A client connection older than this (jittered by up to 10% either way) is handed back: its next
-    response carries Connection: close, or it is closed once idle, so the client reconnects and the
-    Service places it anew. The backstop of load spread when the operator is away; 0 turns it off."""
+    response carries Connection: close, so the client reconnects and the Service places it anew. The
+    backstop of load spread when the operator is away; 0 turns it off, else at least 10."""
     engine_wait_seconds: float = Field(5.0, ge=0, le=600)
     """A request that finds the engine unreachable waits this long for it to come back before a retryable 503."""
     engine_head_timeout_seconds: float = Field(600.0, gt=0, le=86400)

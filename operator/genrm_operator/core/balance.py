@@ -6,12 +6,15 @@ get none of the traffic of the clients that were already connected. A replica ca
 own whether it holds too much (only the pool's total says so); the operator sees every sidecar's
 report, decides here, and tells the replicas over the sidecar contract (``POST /v1/shed``). The
 gateway closes each handed-back connection gently; its client reconnects and kube-proxy places it
-uniformly at random, so repeating the rule converges (see docs/concepts.md, *Load spread*).
+uniformly at random, so repeating the rule converges (see docs/load-spread.md).
 
 Two rules, both pure functions of the samples and time:
 
 * **connections**: a replica holding more than ``ceil(C / P)`` of the pool's ``C`` client
-  connections over ``P`` published replicas hands back what it holds above ``floor(C / P)``. A pool
+  connections over ``P`` published replicas hands back what it holds above ``floor(C / P)``.
+  ``C`` includes connections already being handed back (their clients are about to reconnect
+  somewhere in the pool): judge requests can outlast a round, and a total without them would shed
+  again for connections still on their way. A pool
   within one connection of even (every replica at most the ceiling) is left alone, so balancing
   stops by itself. Down to the floor rather than the ceiling: a replica left short (the newest one
   after a rollout, say) only gains from reconnects that happen to land on it, one in ``P``, so
@@ -49,9 +52,12 @@ class Traffic:
     """One published, serving replica's report: its kept client connections and its request counter."""
 
     connections: int
+    """Kept client connections (not being handed back)."""
     requests_total: int
     boot_id: str | None
     """The counter's origin: a restarted gateway counts from zero again."""
+    handing_back: int = 0
+    """Connections marked for hand-back whose clients have not reconnected yet."""
 
 
 @dataclass(frozen=True)
@@ -83,7 +89,7 @@ def fair_ceiling(total: int, replicas: int) -> int:
 
 def connection_sheds(replicas: Mapping[str, Traffic]) -> dict[str, int]:
     """What each replica above the fair ceiling hands back: all it holds above the fair floor."""
-    total = sum(t.connections for t in replicas.values())
+    total = sum(t.connections + t.handing_back for t in replicas.values())
     ceiling, floor = fair_ceiling(total, len(replicas)), total // len(replicas)
     return {name: t.connections - floor for name, t in replicas.items() if t.connections > ceiling}
 

@@ -33,11 +33,14 @@ FAST_FOR_SECONDS = 30.0
 
 
 def traffic(document: StateDocument) -> Traffic | None:
-    """What the load-spread rules read of a report, or None when the replica cannot take part (not
-    serving, its engine down, or a gateway that does not count connections)."""
-    if document.state is not DrainState.SERVING or not document.engine.up or document.client_connections is None:
+    """What the load-spread rules read of a report, or None when the replica cannot take part: not
+    serving, its engine down or unhealthy (the replica is then unready, so kube-proxy places no new
+    connection on it, and counting it in the fair share would make the others shed for ever), or a
+    gateway that does not count connections."""
+    if (document.state is not DrainState.SERVING or not document.engine.healthy
+            or document.client_connections is None):
         return None
-    return Traffic(document.client_connections, document.admitted_total, document.boot_id)
+    return Traffic(document.client_connections, document.admitted_total, document.boot_id, document.handing_back)
 
 
 class PoolBalancer:

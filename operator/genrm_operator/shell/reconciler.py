@@ -214,6 +214,7 @@ class PoolReconciler:
         pool = await self.read_pool()
         if pool is None or pool["metadata"].get("deletionTimestamp"):
             self._unwritten_since = None
+            self.balancer.follow({}, {})  # nothing published any more: the balancer goes idle
             return False
         meta = pool["metadata"]
         spec, status = self.parse(pool)
