@@ -19,7 +19,7 @@ import asyncio
 import itertools
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import httpx
@@ -60,7 +60,30 @@ class PlainStats:
         return len(self.failures)
 
 
-class PlainClients:
+class Senders:
+    """Sender threads that run until stopped, and the lock their outcome counters share."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def _start(self, targets: Sequence[tuple[str, Callable[[], None]]]) -> None:
+        self._threads = [threading.Thread(target=t, name=name, daemon=True) for name, t in targets]
+        for thread in self._threads:
+            thread.start()
+
+    def _join(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=2 * TIMEOUT_SECONDS)
+
+    def _each_at_least(self, ok: Mapping[str, int], at_least: int) -> bool:
+        with self._lock:
+            return all(n >= at_least for n in ok.values())
+
+
+class PlainClients(Senders):
     """Continuous load from each kind in `KINDS` against `base_url` (http://<ClusterIP>:<port>).
 
     Use as a context manager; `stats` can be read at any time. `model` is the pool's served model
@@ -68,30 +91,22 @@ class PlainClients:
     """
 
     def __init__(self, base_url: str, model: str, max_tokens: int = 16) -> None:
+        super().__init__()
         self.base_url, self.model, self.max_tokens = base_url, model, max_tokens
         self.stats = PlainStats()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
         self._ids = itertools.count()
-        self._threads: list[threading.Thread] = []
 
     def __enter__(self) -> PlainClients:
         targets = (self._openai_sync, self._openai_async, self._httpx, self._requests)
-        self._threads = [threading.Thread(target=t, name=f"plain-{kind}", daemon=True)
-                         for kind, t in zip(KINDS, targets, strict=True)]
-        for t in self._threads:
-            t.start()
+        self._start([(f"plain-{kind}", t) for kind, t in zip(KINDS, targets, strict=True)])
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=2 * TIMEOUT_SECONDS)
+        self._join()
 
     def ok_everywhere(self, at_least: int) -> bool:
         """Whether every kind has at least `at_least` successful requests (a wait_for probe)."""
-        with self._lock:
-            return all(n >= at_least for n in self.stats.ok.values())
+        return self._each_at_least(self.stats.ok, at_least)
 
     def _prompt(self, kind: str) -> str:
         return f"Judge answer {kind}-{next(self._ids)}: is 2+2=4?"
@@ -133,28 +148,35 @@ class PlainClients:
     def _httpx(self) -> None:
         with httpx.Client(timeout=TIMEOUT_SECONDS) as client:
             while not self._stop.is_set():
-                try:
-                    response = client.post(f"{self.base_url}/generate", json=self._native("httpx"))
-                    failure = _status_failure(response.status_code, response.headers, response.text)
-                except httpx.HTTPError as exc:
-                    failure = f"{type(exc).__name__}: {exc}"
-                self._record("httpx", failure)
+                self._record("httpx", httpx_generate(client, self.base_url, self._native("httpx"))[0])
 
     def _requests(self) -> None:
         with requests.Session() as session:
             while not self._stop.is_set():
-                try:
-                    response = session.post(f"{self.base_url}/generate", json=self._native("requests"),
-                                            timeout=TIMEOUT_SECONDS)
-                    failure = _status_failure(response.status_code, response.headers, response.text)
-                except requests.RequestException as exc:
-                    failure = f"{type(exc).__name__}: {exc}"
-                self._record("requests", failure)
+                self._record("requests", requests_generate(session, self.base_url, self._native("requests"))[0])
 
     def _native(self, kind: str) -> dict[str, object]:
         """SGLang's native /generate body."""
         return {"text": self._prompt(kind),
                 "sampling_params": {"max_new_tokens": self.max_tokens, "temperature": 0}}
+
+
+def httpx_generate(client: httpx.Client, base_url: str, body: dict[str, object]) -> tuple[str | None, str]:
+    """One native /generate on an httpx client: the failure (None on a 2xx) and the answer's text."""
+    try:
+        response = client.post(f"{base_url}/generate", json=body)
+    except httpx.HTTPError as exc:
+        return f"{type(exc).__name__}: {exc}", ""
+    return _status_failure(response.status_code, response.headers, response.text), response.text
+
+
+def requests_generate(session: requests.Session, base_url: str, body: dict[str, object]) -> tuple[str | None, str]:
+    """One native /generate on a requests session: the failure (None on a 2xx) and the answer's text."""
+    try:
+        response = session.post(f"{base_url}/generate", json=body, timeout=TIMEOUT_SECONDS)
+    except requests.RequestException as exc:
+        return f"{type(exc).__name__}: {exc}", ""
+    return _status_failure(response.status_code, response.headers, response.text), response.text
 
 
 def _status_failure(code: int, headers: Mapping[str, str], body: str) -> str | None:

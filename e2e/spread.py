@@ -32,7 +32,7 @@ import requests
 from genrm_contract.sidecar import Series
 from prometheus_client.parser import text_string_to_metric_families
 
-from .plainclients import Failure, _status_failure
+from .plainclients import Failure, Senders, _status_failure, httpx_generate, requests_generate
 
 MIX = {"httpx": 8, "requests": 4, "aiohttp": 8, "openai": 2}
 """Client kind -> concurrent senders (httpx threads share a client, aiohttp tasks share a session)."""
@@ -73,18 +73,16 @@ class KeepAliveStats:
         return sum(self.ok.values()) + len(self.failures)
 
 
-class KeepAliveClients:
+class KeepAliveClients(Senders):
     """Senders of each kind in ``mix`` (default `MIX`) against `base_url` (http://<ClusterIP>:<port>);
     a context manager."""
 
     def __init__(self, base_url: str, model: str, max_tokens: int = 16, mix: dict[str, int] | None = None) -> None:
+        super().__init__()
         self.base_url, self.model, self.max_tokens = base_url, model, max_tokens
         self.mix = dict(MIX if mix is None else mix)
         self.stats = KeepAliveStats(dict.fromkeys(self.mix, 0))
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
         self._ids = itertools.count()
-        self._threads: list[threading.Thread] = []
         self._retry_log = _RetryCounter()
         self._logger = logging.getLogger("openai._base_client")
 
@@ -102,22 +100,17 @@ class KeepAliveClients:
         senders += [self._openai_sender] * self.mix.get("openai", 0)
         if self.mix.get("aiohttp"):
             senders.append(self._aiohttp_senders)
-        self._threads = [threading.Thread(target=s, daemon=True, name=f"keepalive-{i}") for i, s in enumerate(senders)]
-        for thread in self._threads:
-            thread.start()
+        self._start([(f"keepalive-{i}", s) for i, s in enumerate(senders)])
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=2 * TIMEOUT_SECONDS)
+        self._join()
         self._httpx.close()
         self._logger.removeHandler(self._retry_log)
         self._logger.setLevel(self._saved_level)
 
     def ok_everywhere(self, at_least: int) -> bool:
-        with self._lock:
-            return all(n >= at_least for n in self.stats.ok.values())
+        return self._each_at_least(self.stats.ok, at_least)
 
     def _record(self, kind: str, failure: str | None, answer: str = "") -> None:
         with self._lock:
@@ -145,24 +138,12 @@ class KeepAliveClients:
 
     def _httpx_sender(self) -> None:
         while not self._stop.is_set():
-            try:
-                response = self._httpx.post(f"{self.base_url}/generate", json=self._native("httpx"))
-                failure, answer = _status_failure(response.status_code, response.headers, response.text), response.text
-            except httpx.HTTPError as exc:
-                failure, answer = f"{type(exc).__name__}: {exc}", ""
-            self._record("httpx", failure, answer)
+            self._record("httpx", *httpx_generate(self._httpx, self.base_url, self._native("httpx")))
 
     def _requests_sender(self) -> None:
         with requests.Session() as session:
             while not self._stop.is_set():
-                try:
-                    response = session.post(f"{self.base_url}/generate", json=self._native("requests"),
-                                            timeout=TIMEOUT_SECONDS)
-                    failure = _status_failure(response.status_code, response.headers, response.text)
-                    answer = response.text
-                except requests.RequestException as exc:
-                    failure, answer = f"{type(exc).__name__}: {exc}", ""
-                self._record("requests", failure, answer)
+                self._record("requests", *requests_generate(session, self.base_url, self._native("requests")))
 
     def _openai_sender(self) -> None:
         with openai.OpenAI(base_url=f"{self.base_url}/v1", api_key="unused") as client:
