@@ -12,6 +12,8 @@ import: SGLang needs torch and a GPU) and writes ``engine/genrm_sim/sglang_contr
   ``Content-Type: application/json``;
 - ``metrics``: the Prometheus series of the metrics collectors, with their label names;
 - ``sampling_params``: the keys ``/generate`` accepts in ``sampling_params`` (others are a 400);
+- ``sampling_param_types``: for the keys the schema holds to one JSON scalar type, the check
+  (``int``, ``number``, ``bool``, ``str``) and the ``expected`` text of its 400;
 - the attention backends deterministic inference allows, and the health check's timeout.
 
 The file is committed and lives inside the simulator's package because the simulator builds its
@@ -463,6 +465,33 @@ def read_sampling_params(sources: Sources) -> list[str]:
     return [s.target.id for s in cls.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)]
 
 
+_SCALAR_CHECKS = {"_expect_int": "int", "_expect_float": "number", "_expect_bool": "bool", "_expect_str": "str"}
+
+
+def read_sampling_param_types(sources: Sources) -> dict[str, dict[str, str]]:
+    """The scalar type the schema holds each ``sampling_params`` key to (``decode_SamplingParams``:
+    ``if key == "k": kw["k"] = <default> if x is None else _expect_<type>(x, expected="...")``);
+    keys decoded as lists, maps or structs are left out."""
+    decode = next(n for n in sources.tree(API_TYPES).body
+                  if isinstance(n, ast.FunctionDef) and n.name == "decode_SamplingParams")
+    out: dict[str, dict[str, str]] = {}
+    for node in ast.walk(decode):
+        if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+                and isinstance(node.test.comparators[0], ast.Constant)):
+            continue
+        key = node.test.comparators[0].value
+        value = node.body[0].value if isinstance(node.body[0], ast.Assign) else None
+        check = value.orelse if isinstance(value, ast.IfExp) else None
+        if (isinstance(key, str) and isinstance(check, ast.Call) and isinstance(check.func, ast.Name)
+                and check.func.id in _SCALAR_CHECKS):
+            expected = next(k.value for k in check.keywords if k.arg == "expected")
+            assert isinstance(expected, ast.Constant) and isinstance(expected.value, str)
+            out[key] = {"type": _SCALAR_CHECKS[check.func.id], "expected": expected.value}
+    if "max_new_tokens" not in out:
+        raise SystemExit("decode_SamplingParams no longer checks max_new_tokens' type: review the simulator")
+    return out
+
+
 def read_health_timeout(sources: Sources) -> int:
     """``HEALTH_CHECK_TIMEOUT``: how long ``/health`` waits for its one-token generation."""
     for stmt in sources.tree(HTTP_SERVER).body:
@@ -494,6 +523,7 @@ def build_contract(wheel_path: Path) -> dict[str, Any]:
             "routes": read_routes(sources),
             "metrics": read_metrics(sources),
             "sampling_params": read_sampling_params(sources),
+            "sampling_param_types": read_sampling_param_types(sources),
             "health_check_timeout_seconds": read_health_timeout(sources),
         }
 

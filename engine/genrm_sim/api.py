@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import random
 import secrets
@@ -31,6 +32,7 @@ from genrm_sim.dialects import (
     Call,
     ChatCompletions,
     Completions,
+    ContractError,
     Dialect,
     NativeGenerate,
     Outcome,
@@ -102,16 +104,17 @@ class Simulator:
         return body
 
     async def handle(self, request: Request, dialect: Dialect) -> Response:
+        body: dict[str, Any] | None = None
         try:
             body = await self._body(request)
             call = dialect.parse(body, self.config.served_model_name, self.config.enable_deterministic_inference)
             if not self.config.is_generation:
                 raise BadRequest("This model is not a generation model: it serves /classify (genrm-sim)")
+            calls = tuple(self._within_context(c) for c in call.members or (call,))
         except (ValueError, BadRequest) as exc:
-            return _json(dialect.error(exc), 400)
+            return self._refusal(dialect, exc, body)
         if self.config.error_rate and self._failures.random() < self.config.error_rate:
             return _error(500, "injected engine failure", "InternalServerError")
-        calls = call.members or (call,)
         priority = self._priority(body)
         jobs = [Job(rid=c.rid or uuid.uuid4().hex, prompt_tokens=count_prompt_tokens(c.prompt),
                     answer=judge_answer(self._key, c.prompt, c.params, secrets.randbits(64)), stream=c.stream,
@@ -120,7 +123,7 @@ class Simulator:
         try:
             self._submit(jobs)
         except DuplicateRequest as exc:
-            return _json(dialect.error(exc), 400)
+            return self._refusal(dialect, exc, body)
         if call.stream:
             return StreamingResponse(self._stream(dialect, calls, jobs, batch=bool(call.members)),
                                      media_type="text/event-stream", background=BackgroundTask(self._release, jobs))
@@ -128,6 +131,39 @@ class Simulator:
         responses = [dialect.response(c, self._outcome(job, text, finished=True))
                      for c, job, text in zip(calls, jobs, texts, strict=True)]
         return _json(responses if call.members else responses[0])
+
+    @staticmethod
+    def _refusal(dialect: Dialect, exc: ValueError, body: dict[str, Any] | None) -> Response:
+        """A 400, or where SGLang has already opened the stream when it refuses (its native route
+        past the schema check), a 200 stream of one error event, then ``[DONE]``."""
+        if dialect.errors_in_stream and body is not None and body.get("stream") is True \
+                and not isinstance(exc, ContractError):
+            event = {"error": {"message": str(exc), "type": "invalid_request_error", "code": 400, "retryable": False}}
+            return StreamingResponse(iter([_sse(event), b"data: [DONE]\n\n"]), media_type="text/event-stream")
+        return _json(dialect.error(exc), 400)
+
+    def _within_context(self, call: Call) -> Call:
+        """SGLang's ``_validate_one_request``: a prompt of at least the context length, or (when the
+        client asked for an output length) prompt and output longer than it, is refused, or with
+        ``--allow-auto-truncate`` the output length is cut to fit."""
+        context = self.config.context_length
+        prompt = count_prompt_tokens(call.prompt)
+        if prompt >= context:
+            if not self.config.allow_auto_truncate:
+                raise BadRequest(f"The input ({prompt} tokens) is longer than the model's context length "
+                                 f"({context} tokens).")
+            prompt = context
+        requested = call.requested_max_new_tokens
+        if requested is None or requested + prompt <= context:
+            return call
+        if self.config.allow_auto_truncate:
+            return dataclasses.replace(call, params=dataclasses.replace(call.params,
+                                                                        max_new_tokens=max(0, context - prompt)))
+        raise BadRequest(
+            f"Requested token count exceeds the model's maximum context length of {context} tokens. You requested "
+            f"a total of {requested + prompt} tokens: {prompt} tokens from the input messages and {requested} tokens "
+            f"for the completion. Please reduce the number of tokens in the input messages or the completion to fit "
+            f"within the limit.")
 
     def _priority(self, body: dict[str, Any]) -> int | None:
         """The request's priority; SGLang's ``_set_default_priority`` fills in
@@ -386,7 +422,7 @@ def create_app(config: SimConfig) -> tuple[FastAPI, Simulator]:
     async def models() -> Response:
         return _json({"object": "list", "data": [{
             "id": config.served_model_name, "object": "model", "created": 0,
-            "owned_by": "sglang", "root": config.model_path, "max_model_len": config.max_total_tokens}]})
+            "owned_by": "sglang", "root": config.model_path, "max_model_len": config.context_length}]})
 
     @app.get("/v1/loads")
     async def loads() -> Response:

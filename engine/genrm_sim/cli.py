@@ -17,6 +17,7 @@ import asyncio
 import os
 import random
 import sys
+import time
 from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
@@ -35,7 +36,10 @@ _MODELLED = frozenset({
     "model_path", "served_model_name", "host", "port", "random_seed", "enable_metrics",
     "enable_deterministic_inference", "tp_size", "revision", "max_total_tokens", "max_running_requests",
     "is_embedding", "attention_backend", "enable_priority_scheduling", "default_priority_value",
+    "context_length", "allow_auto_truncate",
 })
+KEEP_ALIVE_SECONDS = 5
+"""SGLang's ``SGLANG_TIMEOUT_KEEP_ALIVE`` (uvicorn's ``timeout_keep_alive``): idle connections close after it."""
 SIGTERM_POLL_SECONDS = 5.0
 """SGLang's ``sigterm_watchdog`` looks at the exit flag and the remaining requests every 5 s."""
 
@@ -69,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim = parser.add_argument_group("simulator only (each also from env GENRM_SIM_<NAME>)")
     sim.add_argument("--sim-startup-seconds", "--sim-slow-start", dest="sim_startup_seconds", type=float,
                      default=_env("STARTUP_SECONDS", float, _env("SLOW_START", float, 0.0)),
-                     help="weight-loading time before /health and /ready turn 200")
+                     help="weight-loading time, with the HTTP port still closed")
     sim.add_argument("--sim-ttft-ms", dest="sim_ttft_ms", type=float, default=_env("TTFT_MS", float, 20.0))
     sim.add_argument("--sim-itl-ms", dest="sim_itl_ms", type=float, default=_env("ITL_MS", float, 5.0))
     sim.add_argument("--sim-max-running", dest="sim_max_running", type=int,
@@ -129,6 +133,8 @@ def parse_config(argv: Sequence[str] | None = None) -> SimConfig:
         tp_size=given.get("tp_size", 1),
         revision=given.get("revision"),
         attention_backend=given.get("attention_backend"),
+        context_length=_int(given.get("context_length"), SimConfig.context_length),
+        allow_auto_truncate=given.get("allow_auto_truncate", False),
         enable_priority_scheduling=given.get("enable_priority_scheduling", False),
         default_priority_value=given.get("default_priority_value"),
         is_generation=not (given.get("is_embedding", False) or args.sim_classifier),
@@ -184,9 +190,12 @@ class SGLangLikeServer(uvicorn.Server):
 def main(argv: Sequence[str] | None = None) -> None:
     config = parse_config(argv)
     app, sim = create_app(config)
+    # SGLang opens its HTTP port only once its schedulers have loaded the weights (launch_server runs
+    # _launch_subprocesses, then the HTTP server): while loading, a connection is refused.
+    time.sleep(config.startup_seconds)
     server = SGLangLikeServer(
         uvicorn.Config(app, host=config.host, port=config.port, loop="uvloop", http="httptools",
-                       log_level="warning", access_log=False, timeout_keep_alive=30,
+                       log_level="warning", access_log=False, timeout_keep_alive=KEEP_ALIVE_SECONDS,
                        timeout_graceful_shutdown=600),
         sim.scheduler,
         config.sigterm_poll_seconds,

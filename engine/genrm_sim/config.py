@@ -20,6 +20,9 @@ class SimConfig:
     tp_size: int = 1
     revision: str | None = None
     attention_backend: str | None = None
+    context_length: int = 32768
+    """The model's context length (SGLang reads it from the model's config; ``--context-length``)."""
+    allow_auto_truncate: bool = False
     enable_priority_scheduling: bool = False
     default_priority_value: int | None = None
     is_generation: bool = True

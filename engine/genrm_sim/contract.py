@@ -54,6 +54,8 @@ class Contract:
     routes: tuple[Route, ...]
     metrics: tuple[Metric, ...]
     sampling_params: frozenset[str]
+    sampling_param_types: dict[str, tuple[str, str]]
+    """Key -> (JSON scalar type, the ``expected`` text of SGLang's 400) where the schema holds one."""
     deterministic_attention_backends: tuple[str, ...]
     health_check_timeout_seconds: float
 
@@ -91,6 +93,7 @@ def load() -> Contract:
         metrics=tuple(Metric(m["name"], m["type"], None if m["labels"] is None else tuple(m["labels"]))
                       for m in raw["metrics"]),
         sampling_params=frozenset(raw["sampling_params"]),
+        sampling_param_types={k: (v["type"], v["expected"]) for k, v in raw["sampling_param_types"].items()},
         deterministic_attention_backends=tuple(raw["deterministic_attention_backends"]),
         health_check_timeout_seconds=float(raw["health_check_timeout_seconds"]),
     )

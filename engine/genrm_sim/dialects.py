@@ -8,6 +8,7 @@ reproduce each one's field names, defaults, streaming framing and refusals (SGLa
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -37,11 +38,80 @@ def _unknown_field(key: str, fields: list[str]) -> ContractError:
     return ContractError(f"unknown field `{key}`, expected one of {listed}")
 
 
+_SCALAR_TYPES: dict[str, tuple[type, ...]] = {"int": (int,), "number": (int, float), "bool": (bool,), "str": (str,)}
+
+
+def _unexpected(value: object) -> str:
+    """serde's ``Unexpected`` wording, as SGLang's ``api_types._unexpected`` renders it."""
+    if isinstance(value, bool):
+        return f"boolean `{'true' if value else 'false'}`"
+    if isinstance(value, int):
+        return f"integer `{value}`"
+    if isinstance(value, float):
+        return f"floating point `{value}`"
+    if isinstance(value, str):
+        return f'string "{value}"'
+    return "sequence" if isinstance(value, list) else "map" if isinstance(value, dict) else type(value).__name__
+
+
 def _strict_sampling_params(sampling: JSON) -> None:
-    known = contract.load().sampling_params
-    for key in sampling:
+    """SGLang's schema check of ``sampling_params`` (``decode_SamplingParams``): keys in order, an
+    unknown one or a scalar of the wrong JSON type is a 400 with serde's text (null means the
+    default)."""
+    known, types = contract.load().sampling_params, contract.load().sampling_param_types
+    for key, value in sampling.items():
         if key not in known:
             raise _unknown_field(key, sorted(known))
+        kind = types.get(key)
+        if kind is None or value is None:
+            continue
+        allowed = _SCALAR_TYPES[kind[0]]
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            raise ContractError(f"invalid type: {_unexpected(value)}, expected {kind[1]}")
+
+
+_SAMPLING_EPS = 1e-6
+"""SGLang's ``_SAMPLING_EPS``: a temperature below it is greedy (top-k 1)."""
+
+
+def verify_sampling(sampling: JSON) -> None:
+    """SGLang's ``SamplingParams.__post_init__`` and ``verify`` for the keys that have ranges, with
+    its messages (a ``ValueError`` in the tokenizer manager: 400 ``{"error": {"message": ...}}``)."""
+    def get(key: str, default: Any) -> Any:
+        value = sampling.get(key)
+        return default if value is None else value
+
+    temperature, top_p, top_k = get("temperature", 1.0), get("top_p", 1.0), get("top_k", -1)
+    min_p, min_new = get("min_p", 0.0), get("min_new_tokens", 0)
+    if 0 <= temperature < _SAMPLING_EPS:
+        temperature, top_k = 1.0, 1
+    if top_k == -1:
+        top_k = 1 << 30
+    beam_width = sampling.get("beam_width")
+    if beam_width is not None and beam_width < 1:
+        raise BadRequest(f"beam_width must be at least 1, got {beam_width}.")
+    if not math.isfinite(temperature) or temperature < 0.0:
+        raise BadRequest(f"temperature must be a non-negative finite number, got {temperature}.")
+    if not 0.0 < top_p <= 1.0:
+        raise BadRequest(f"top_p must be in (0, 1], got {top_p}.")
+    if not 0.0 <= min_p <= 1.0:
+        raise BadRequest(f"min_p must be in [0, 1], got {min_p}.")
+    if top_k < 1 or top_k == -1:
+        raise BadRequest(f"top_k must be -1 (disable) or at least 1, got {top_k}.")
+    for key in ("frequency_penalty", "presence_penalty"):
+        if not -2.0 <= get(key, 0.0) <= 2.0:
+            raise BadRequest(f"{key} must be in [-2, 2], got {get(key, 0.0)}.")
+    repetition = get("repetition_penalty", 1.0)
+    if not 0.0 < repetition <= 2.0:
+        raise BadRequest(f"repetition_penalty must be in (0, 2] (1.0 = no penalty), got {repetition}.")
+    if not 0 <= min_new:
+        raise BadRequest(f"min_new_tokens must be in [0, max_new_tokens], got {min_new}.")
+    max_new = sampling.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
+    if max_new is not None:
+        if max_new < 0:
+            raise BadRequest(f"max_new_tokens must be at least 0, got {max_new}.")
+        if not min_new <= max_new:
+            raise BadRequest(f"min_new_tokens must be in [0, max_new_tokens({max_new})], got {min_new}.")
 
 
 @dataclass(frozen=True)
@@ -56,6 +126,8 @@ class Call:
     model: str
     members: tuple[Call, ...] = ()
     """A batched ``/generate``: one call per prompt, each under its own rid (empty otherwise)."""
+    requested_max_new_tokens: int | None = None
+    """The output length the client asked for, if it did (SGLang checks the context length only then)."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +190,8 @@ class Dialect(ABC):
 
     finish_in_last_token = False
     """Whether the chunk of the last token carries the finish reason (else a closing chunk does)."""
+    errors_in_stream = False
+    """Whether a streamed request's refusals past the schema check come as a 200 stream's error event."""
 
     @abstractmethod
     def parse(self, body: JSON, model: str, deterministic: bool) -> Call: ...
@@ -150,15 +224,19 @@ class NativeGenerate(Dialect):
             raise BadRequest("sampling_params must be an object")
         for item in samplings:
             _strict_sampling_params(item)
+        for item in samplings:
+            verify_sampling(item)
         stream = bool(body.get("stream"))
         prompts = _batch(prompt)
         if prompts is None:
-            return Call(_rid(body), prompt, self._params(samplings[0], deterministic), stream, False, model)
+            return Call(_rid(body), prompt, self._params(samplings[0], deterministic), stream, False, model,
+                        requested_max_new_tokens=samplings[0].get("max_new_tokens"))
         rids = _member_rids(body.get("rid"), len(prompts))
         if len(samplings) not in (1, len(prompts)):
             raise BadRequest("sampling_params must be an object or one per prompt")
         members = tuple(Call(rid, item, self._params(samplings[i % len(samplings)], deterministic), stream, False,
-                             model) for i, (rid, item) in enumerate(zip(rids, prompts, strict=True)))
+                             model, requested_max_new_tokens=samplings[i % len(samplings)].get("max_new_tokens"))
+                        for i, (rid, item) in enumerate(zip(rids, prompts, strict=True)))
         return Call(None, prompt, members[0].params, stream, False, model, members)
 
     @staticmethod
@@ -177,6 +255,9 @@ class NativeGenerate(Dialect):
     def error(self, exc: ValueError) -> JSON:
         return {"error": str(exc) if isinstance(exc, ContractError) else {"message": str(exc)}}
 
+    errors_in_stream = True
+    """SGLang's ``/generate`` opens a stream before its tokenizer manager validates the request
+    (``stream_results`` in ``http_server.py``): only the schema check is a plain 400."""
     finish_in_last_token = True
     """SGLang's native stream ends with the last token's chunk, its ``finish_reason`` set; an
     aborted request's last chunk is the abort's (``finish_reason.type`` ``abort``)."""
@@ -206,6 +287,8 @@ class _OpenAI(Dialect):
     object_name: str
     chunk_object_name: str
     default_max_tokens: int
+    default_requested: int | None = None
+    """The ``max_tokens`` SGLang's OpenAI request model fills in when the client sends none."""
 
     def parse(self, body: JSON, model: str, deterministic: bool) -> Call:
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
@@ -218,7 +301,9 @@ class _OpenAI(Dialect):
         )
         options = body.get("stream_options") or {}
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        return Call(_rid(body), self.prompt(body), params, bool(body.get("stream")), include_usage, model)
+        requested = max_tokens if isinstance(max_tokens, int) else self.default_requested
+        return Call(_rid(body), self.prompt(body), params, bool(body.get("stream")), include_usage, model,
+                    requested_max_new_tokens=requested)
 
     @abstractmethod
     def prompt(self, body: JSON) -> object: ...
@@ -280,6 +365,7 @@ class Completions(_OpenAI):
     object_name = "text_completion"
     chunk_object_name = "text_completion"
     default_max_tokens = 16
+    default_requested = 16
 
     def prompt(self, body: JSON) -> object:
         prompt = body.get("prompt")

@@ -111,6 +111,16 @@ class SamplingParams(msgspec.Struct):
     """sglang.api.v1.SamplingParams: JSON object (unknown keys rejected)."""
     max_new_tokens: Optional[int] = 128
     temperature: Optional[float] = 1.0
+def decode_SamplingParams(value):
+    m = _expect_map(value, expected="struct SamplingParams")
+    kw = {}
+    for key, x in m.items():
+        if key == "max_new_tokens":
+            kw["max_new_tokens"] = None if x is None else _expect_int(x, expected="i64")
+        elif key == "temperature":
+            kw["temperature"] = 1.0 if x is None else _expect_float(x, expected="f64")
+        elif key == "stop":
+            kw["stop"] = None if x is None else decode_StringOrList(x)
 ''',
 }
 
@@ -156,6 +166,8 @@ def test_routes_metrics_sampling_params_and_constants_are_read(tmp_path: Path) -
     assert metrics["sglang:num_running_reqs"]["labels"] == ["model_name", "tp_rank"]
     assert metrics["sglang:prompt_tokens_total"]["labels"] == ["engine_type", "is_streaming", "model_name"]
     assert contract["sampling_params"] == ["max_new_tokens", "temperature"]
+    assert contract["sampling_param_types"] == {"max_new_tokens": {"type": "int", "expected": "i64"},
+                                                "temperature": {"type": "number", "expected": "f64"}}
     assert contract["deterministic_attention_backends"] == ["fa3", "flashinfer"]
     assert contract["health_check_timeout_seconds"] == 20
 

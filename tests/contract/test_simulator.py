@@ -10,6 +10,7 @@ from genrm_sim import cli
 from genrm_sim.api import create_app
 from genrm_sim.config import SimConfig
 from genrm_sim.contract import Contract
+from genrm_sim.dialects import ContractError, NativeGenerate
 from prometheus_client.parser import text_string_to_metric_families
 
 
@@ -61,3 +62,18 @@ def test_a_failed_health_generation_marks_the_engine_unhealthy() -> None:
     assert asyncio.run(sim.health()).status_code == 503
     assert sim.scheduler.unhealthy and not sim.healthy
     assert sim.scheduler.pending == 0  # the probe does not stay queued
+
+
+_WRONG = {"int": (1.5, "floating point `1.5`"), "number": ("0.5", 'string "0.5"'), "bool": (1, "integer `1`"),
+          "str": (True, "boolean `true`")}
+
+
+def test_each_sampling_param_of_the_wrong_json_type_is_refused_with_sglangs_text(sglang: Contract) -> None:
+    """Every scalar ``sampling_params`` key SGLang's schema types is held to that type, null allowed."""
+    assert {"temperature", "top_p", "top_k", "max_new_tokens", "sampling_seed"} <= set(sglang.sampling_param_types)
+    for key, (kind, expected) in sglang.sampling_param_types.items():
+        value, shown = _WRONG[kind]
+        with pytest.raises(ContractError) as refused:
+            NativeGenerate().parse({"text": "x", "sampling_params": {key: value}}, "m", False)
+        assert str(refused.value) == f"invalid type: {shown}, expected {expected}", key
+        NativeGenerate().parse({"text": "x", "sampling_params": {key: None}}, "m", False)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -115,12 +116,13 @@ def test_what_sglang_refuses_is_refused() -> None:
         assert httpx.post(f"{sim.url}/classify", json={"text": "x"}).status_code == 400  # not a reward model
 
 
-def test_health_is_a_generation_ready_is_cheap_and_both_wait_for_startup() -> None:
+def test_health_is_a_generation_ready_is_cheap_and_the_port_opens_once_loaded() -> None:
+    launched_at = time.monotonic()
     with run_sim("--sim-startup-seconds", "1.5", ready_path=None) as sim:
-        wait_ready(f"{sim.url}/v1/models")
-        assert httpx.get(f"{sim.url}/health").status_code == 503
-        assert httpx.get(f"{sim.url}/ready").status_code == 503
-        wait_ready(f"{sim.url}/ready", seconds=5)
+        with pytest.raises(httpx.ConnectError):  # SGLang opens its port once the weights are loaded
+            httpx.get(f"{sim.url}/health")
+        wait_ready(f"{sim.url}/ready", seconds=10)
+        assert time.monotonic() - launched_at >= 1.5
         started = time.monotonic()
         assert httpx.get(f"{sim.url}/health", timeout=25).status_code == 200
         assert time.monotonic() - started >= 1.0
@@ -192,6 +194,97 @@ def test_a_batched_generate_answers_one_result_per_rid() -> None:
         chunks = [json.loads(line[6:]) for line in events[:-1]]
         final = {c["index"]: c["text"] for c in chunks if c["meta_info"]["finish_reason"] is not None}
         assert final == {0: batch[0]["text"], 1: batch[1]["text"]}
+
+
+def test_sampling_params_sglang_refuses_with_its_messages() -> None:
+    """SGLang's schema check (``api_types.decode_SamplingParams``: a plain 400 with serde's text)
+    and ``SamplingParams.verify`` (a 400, or inside an already open stream an error event)."""
+    with run_sim() as sim:
+        def refusal(sampling: dict[str, object]) -> object:
+            response = httpx.post(f"{sim.url}/generate", json={"text": "x", "sampling_params": sampling})
+            assert response.status_code == 400, sampling
+            return response.json()["error"]
+
+        assert refusal({"top_p": 0}) == {"message": "top_p must be in (0, 1], got 0."}
+        assert refusal({"top_k": 0}) == {"message": "top_k must be -1 (disable) or at least 1, got 0."}
+        assert refusal({"temperature": -0.5}) == \
+            {"message": "temperature must be a non-negative finite number, got -0.5."}
+        assert refusal({"max_new_tokens": -1}) == {"message": "max_new_tokens must be at least 0, got -1."}
+        assert refusal({"max_new_tokens": 4.0}) == "invalid type: floating point `4.0`, expected i64"
+        assert refusal({"top_p": "0.9"}) == 'invalid type: string "0.9", expected f64'
+        # A temperature of 0 is greedy: SGLang sets top-k to 1 before checking it.
+        assert httpx.post(f"{sim.url}/generate", json={
+            "text": "x", "sampling_params": {"temperature": 0, "top_k": 0}}).status_code == 200
+        with httpx.stream("POST", f"{sim.url}/generate", json={
+                "text": "x", "stream": True, "sampling_params": {"top_p": 0}}) as stream:
+            assert stream.status_code == 200
+            events = [line for line in stream.iter_lines() if line]
+        assert events == ['data: {"error":{"message":"top_p must be in (0, 1], got 0.","type":"invalid_request_error",'
+                          '"code":400,"retryable":false}}', "data: [DONE]"]
+        typed = httpx.post(f"{sim.url}/generate", json={"text": "x", "stream": True,
+                                                         "sampling_params": {"max_new_tokens": 4.0}})
+        assert typed.status_code == 400  # the schema check comes before the stream opens
+
+
+def test_the_context_length_bounds_prompt_and_output_as_in_sglang() -> None:
+    with run_sim("--context-length", "50") as sim, run_sim("--context-length", "50", "--allow-auto-truncate") as cut:
+        ten_words = " ".join(["word"] * 10)
+        asked = {"text": ten_words, "sampling_params": {"max_new_tokens": 41}}
+        refused = httpx.post(f"{sim.url}/generate", json=asked)
+        assert refused.status_code == 400
+        assert refused.json()["error"]["message"] == (
+            "Requested token count exceeds the model's maximum context length of 50 tokens. You requested a total "
+            "of 51 tokens: 10 tokens from the input messages and 41 tokens for the completion. Please reduce the "
+            "number of tokens in the input messages or the completion to fit within the limit.")
+        assert httpx.post(f"{sim.url}/generate", json={**asked, "sampling_params": {"max_new_tokens": 40}}) \
+            .status_code == 200
+        assert httpx.post(f"{sim.url}/generate", json={"text": ten_words}).status_code == 200  # no length asked
+        long = httpx.post(f"{sim.url}/generate", json={"text": " ".join(["word"] * 50)})
+        assert long.json()["error"]["message"] == \
+            "The input (50 tokens) is longer than the model's context length (50 tokens)."
+        truncated = httpx.post(f"{cut.url}/generate", json={**asked, "sampling_params": {
+            "max_new_tokens": 41, "ignore_eos": True}})
+        assert truncated.status_code == 200 and truncated.json()["meta_info"]["completion_tokens"] <= 40
+        assert httpx.get(f"{sim.url}/v1/models").json()["data"][0]["max_model_len"] == 50
+
+
+def test_a_streamed_generate_ends_with_its_finish_reason() -> None:
+    with run_sim("--sim-itl-ms", "200") as sim:
+        def last_chunk(body: dict[str, object], abort_after: float | None = None) -> dict[str, object]:
+            with httpx.stream("POST", f"{sim.url}/generate", json={**body, "stream": True}) as stream:
+                if abort_after is not None:
+                    time.sleep(abort_after)
+                    httpx.post(f"{sim.url}/abort_request", json={"rid": body["rid"]})
+                events = [line for line in stream.iter_lines() if line]
+            assert events[-1] == "data: [DONE]"
+            chunk: dict[str, object] = json.loads(events[-2][6:])
+            assert all(json.loads(e[6:])["meta_info"]["finish_reason"] is None for e in events[:-2])
+            return chunk
+
+        length = last_chunk({"text": "x", "sampling_params": {"max_new_tokens": 2}})
+        assert length["meta_info"]["finish_reason"] == {"type": "length"}  # type: ignore[index]
+        assert length["meta_info"]["completion_tokens"] == 2  # type: ignore[index]
+        stop = last_chunk({"text": "x", "sampling_params": {"temperature": 0, "max_new_tokens": 500}})
+        assert stop["meta_info"]["finish_reason"] == {"type": "stop"}  # type: ignore[index]
+        aborted = last_chunk({"text": "x", "rid": "cut", "sampling_params": {"max_new_tokens": 50}}, abort_after=0.5)
+        assert aborted["meta_info"]["finish_reason"] == {"type": "abort"}  # type: ignore[index]
+
+
+def test_idle_keep_alive_connections_close_after_five_seconds_as_sglangs_uvicorn() -> None:
+    with run_sim() as sim, socket.create_connection(("127.0.0.1", sim.port)) as conn:
+        conn.sendall(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += conn.recv(65536)
+        head, _, body = data.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200")
+        length = int(head.lower().split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0])
+        while len(body) < length:
+            body += conn.recv(65536)
+        answered = time.monotonic()
+        conn.settimeout(10)
+        assert conn.recv(1) == b""  # closed by the server
+        assert 4.5 <= time.monotonic() - answered <= 7
 
 
 def test_failure_injection_from_flags_and_env() -> None:
