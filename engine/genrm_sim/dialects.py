@@ -271,14 +271,30 @@ class NativeGenerate(Dialect):
 
     @staticmethod
     def _meta(outcome: Outcome) -> JSON:
-        finish = None if outcome.finish_reason is None else {"type": outcome.finish_reason}
         return {
             "id": outcome.rid,
-            "finish_reason": finish,
+            "finish_reason": _finish(outcome),
             "prompt_tokens": outcome.prompt_tokens,
             "completion_tokens": outcome.completion_tokens,
             "cached_tokens": 0,
         }
+
+
+EOS_TOKEN_ID = 2
+"""The end-of-sequence token a ``stop`` finish reports as matched (the simulator has no vocabulary)."""
+
+
+def _finish(outcome: Outcome) -> JSON | None:
+    """``meta_info.finish_reason`` as SGLang's ``BaseFinishReason.to_json``: ``FINISH_MATCHED_TOKEN``,
+    ``FINISH_LENGTH`` (the length reached) or ``FINISH_ABORT`` (``/abort_request`` gives no message,
+    so SGLang's ``Aborted`` and no status code)."""
+    if outcome.finish_reason == "stop":
+        return {"type": "stop", "matched": EOS_TOKEN_ID}
+    if outcome.finish_reason == "length":
+        return {"type": "length", "length": outcome.completion_tokens}
+    if outcome.finish_reason == "abort":
+        return {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+    return None
 
 
 class _OpenAI(Dialect):

@@ -61,7 +61,7 @@ def test_output_length_streaming_and_sglang_shapes() -> None:
     with run_sim("--random-seed", "1", "--served-model-name", "judge") as sim:
         body = httpx.post(f"{sim.url}/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 3}}).json()
         assert body["meta_info"]["completion_tokens"] == 3
-        assert body["meta_info"]["finish_reason"] == {"type": "length"}
+        assert body["meta_info"]["finish_reason"] == {"type": "length", "length": 3}
         completion = httpx.post(f"{sim.url}/v1/completions", json={"prompt": "x", "max_tokens": 2}).json()
         assert completion["usage"]["completion_tokens"] == 2
         greedy = {"text": "x", "sampling_params": {"temperature": 0}}
@@ -262,12 +262,13 @@ def test_a_streamed_generate_ends_with_its_finish_reason() -> None:
             return chunk
 
         length = last_chunk({"text": "x", "sampling_params": {"max_new_tokens": 2}})
-        assert length["meta_info"]["finish_reason"] == {"type": "length"}  # type: ignore[index]
+        assert length["meta_info"]["finish_reason"] == {"type": "length", "length": 2}  # type: ignore[index]
         assert length["meta_info"]["completion_tokens"] == 2  # type: ignore[index]
         stop = last_chunk({"text": "x", "sampling_params": {"temperature": 0, "max_new_tokens": 500}})
-        assert stop["meta_info"]["finish_reason"] == {"type": "stop"}  # type: ignore[index]
+        assert stop["meta_info"]["finish_reason"] == {"type": "stop", "matched": 2}  # type: ignore[index]
         aborted = last_chunk({"text": "x", "rid": "cut", "sampling_params": {"max_new_tokens": 50}}, abort_after=0.5)
-        assert aborted["meta_info"]["finish_reason"] == {"type": "abort"}  # type: ignore[index]
+        assert aborted["meta_info"]["finish_reason"] == {  # type: ignore[index]
+            "type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
 
 
 def test_idle_keep_alive_connections_close_after_five_seconds_as_sglangs_uvicorn() -> None:
