@@ -25,6 +25,7 @@ from starlette.background import BackgroundTask
 
 from genrm_sim import contract
 from genrm_sim.answers import Answer, AnswerKey, SamplingParams, count_prompt_tokens, judge_answer, reward_score
+from genrm_sim.auth import ApiKeyMiddleware
 from genrm_sim.config import SimConfig
 from genrm_sim.dialects import (
     JSON,
@@ -447,6 +448,9 @@ def create_app(config: SimConfig) -> tuple[FastAPI, Simulator]:
         @app.get("/metrics")
         async def metrics() -> Response:
             return Response(sim.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    if config.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
 
     modelled = {(route.path, method) for route in app.routes if isinstance(route, APIRoute)
                 for method in route.methods or ()}

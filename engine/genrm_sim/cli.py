@@ -36,7 +36,7 @@ _MODELLED = frozenset({
     "model_path", "served_model_name", "host", "port", "random_seed", "enable_metrics",
     "enable_deterministic_inference", "tp_size", "revision", "max_total_tokens", "max_running_requests",
     "is_embedding", "attention_backend", "enable_priority_scheduling", "default_priority_value",
-    "context_length", "allow_auto_truncate",
+    "context_length", "allow_auto_truncate", "api_key",
 })
 KEEP_ALIVE_SECONDS = 5
 """SGLang's ``SGLANG_TIMEOUT_KEEP_ALIVE`` (uvicorn's ``timeout_keep_alive``): idle connections close after it."""
@@ -133,6 +133,7 @@ def parse_config(argv: Sequence[str] | None = None) -> SimConfig:
         tp_size=given.get("tp_size", 1),
         revision=given.get("revision"),
         attention_backend=given.get("attention_backend"),
+        api_key=given.get("api_key"),
         context_length=_int(given.get("context_length"), SimConfig.context_length),
         allow_auto_truncate=given.get("allow_auto_truncate", False),
         enable_priority_scheduling=given.get("enable_priority_scheduling", False),

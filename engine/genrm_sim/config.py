@@ -20,6 +20,8 @@ class SimConfig:
     tp_size: int = 1
     revision: str | None = None
     attention_backend: str | None = None
+    api_key: str | None = None
+    """SGLang's ``--api-key``: every route but the probes' and ``/metrics`` needs it as a bearer token."""
     context_length: int = 32768
     """The model's context length (SGLang reads it from the model's config; ``--context-length``)."""
     allow_auto_truncate: bool = False

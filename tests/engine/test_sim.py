@@ -288,6 +288,24 @@ def test_idle_keep_alive_connections_close_after_five_seconds_as_sglangs_uvicorn
         assert 4.5 <= time.monotonic() - answered <= 7
 
 
+def test_an_api_key_guards_every_route_but_the_probes_and_metrics_as_in_sglang() -> None:
+    """SGLang's ``decide_request_auth`` with ``--api-key`` (no admin key): ``/health*``, ``/ready*``
+    and ``/metrics*`` pass, as does ``OPTIONS``; everything else needs the bearer token."""
+    with run_sim("--api-key", "s3cret") as sim:
+        good, bad = {"authorization": "Bearer s3cret"}, {"authorization": "Bearer nope"}
+        for path in ("/health", "/ready", "/metrics"):
+            assert httpx.get(f"{sim.url}{path}", timeout=25).status_code == 200, path
+        for method, path in (("GET", "/v1/models"), ("GET", "/ping"), ("GET", "/"), ("GET", "/v1/loads"),
+                             ("POST", "/generate"), ("POST", "/abort_request"), ("GET", "/server_info")):
+            for headers in ({}, bad, {"authorization": "s3cret"}, {"authorization": "Basic s3cret"}):
+                refused = httpx.request(method, f"{sim.url}{path}", headers=headers, json={"text": "x"})
+                assert (refused.status_code, refused.json()) == (401, {"error": "Unauthorized"}), (path, headers)
+        assert httpx.post(f"{sim.url}/generate", headers=good, json={"text": "x"}).status_code == 200
+        assert httpx.post(f"{sim.url}/generate", headers={"authorization": "bearer s3cret"},
+                          json={"text": "x"}).status_code == 200  # the scheme is case-insensitive
+        assert httpx.options(f"{sim.url}/generate").status_code != 401
+
+
 def test_failure_injection_from_flags_and_env() -> None:
     with run_sim(env={"GENRM_SIM_ERROR_RATE": "1"}) as failing:
         assert httpx.post(f"{failing.url}/generate", json={"text": "x"}).status_code == 500
