@@ -104,6 +104,11 @@ class _HeadRefused(Exception):
 # that is busy reuses its connection within milliseconds and is better served by the
 # ``Connection: close`` on its next response than by a close racing its next request.
 SOFT_DRAIN_IDLE_SECONDS = 1.0
+# Requests a client may send ahead of their answers, besides the one being answered. uvicorn parses
+# every request of a read at once and queues each one (its scope, headers and body) until the one
+# before it is answered, so without a bound a client that pipelines and never reads makes the
+# gateway hold about a hundred bytes for each byte it sends.
+MAX_PIPELINED = 4
 AGE_JITTER = 0.1
 """The maximum connection age varies by this fraction either way, per connection, so connections
 opened together (a client pool's start) are not handed back together (as gRPC's MAX_CONNECTION_AGE)."""
@@ -329,6 +334,12 @@ class GatewayProtocol(HttpToolsProtocol):
         self._cancel_head_timer()
         if self.parser.should_upgrade():  # refused before the app ever sees the request
             self._refusal = (400, "badRequest", "protocol upgrades are not supported")
+            raise _HeadRefused
+        if len(self.pipeline) >= MAX_PIPELINED:
+            # Refused after the earlier answers, and parsing stops here: httptools has no way to
+            # stop between two requests of one read and go on later, and a client must retry
+            # the pipelined requests a close leaves unanswered (RFC 9112 §9.3.2).
+            self._refusal = (503, "tooManyPipelined", f"more than {MAX_PIPELINED} requests sent ahead of their answers")
             raise _HeadRefused
         super().on_headers_complete()
         self._requests += 1

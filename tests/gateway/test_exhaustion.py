@@ -25,9 +25,10 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import TOKEN, Gateway, gateway_process
+from genrm_gateway.connection import MAX_PIPELINED
 from genrm_testing import free_port
 from spy import SpyEngine, running_spy
-from test_limits import LIMITS, answer, rss_mb, served
+from test_limits import JUDGE, LIMITS, answer, rss_mb, served
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -549,3 +550,58 @@ def test_a_crlf_after_an_answer_does_not_outlive_the_fence(spy: SpyEngine) -> No
         drains(gateway)
         assert closed_within(sock, 4) is not None
         sock.close()
+
+
+# --- 9. requests sent ahead of their answers are bounded per connection, on both ports ---
+
+STATUS = re.compile(rb"HTTP/1\.1 (\d{3}) ")
+
+
+def pipelined_flood(port: int, request: bytes, size: int = 512 * 1024) -> bytes:
+    """``size`` bytes of ``request`` repeated, from a client that reads nothing until it has sent
+    them (or the gateway stopped taking them); then everything it was answered."""
+    data = request * (size // len(request))
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", port))
+        sock.setblocking(False)
+        sent, deadline = 0, time.monotonic() + 3
+        while sent < len(data) and time.monotonic() < deadline:
+            try:
+                sent += sock.send(data[sent:])
+            except BlockingIOError:
+                time.sleep(0.01)
+            except OSError:
+                break
+        sock.setblocking(True)
+        return answer(sock, 3)
+
+
+@pytest.mark.parametrize(("port", "request_bytes"), [
+    ("traffic", b"GET /v1/models HTTP/1.1\r\nhost: j\r\n\r\n"),
+    ("control", b"GET /healthz/live HTTP/1.1\r\nhost: c\r\n\r\n"),
+])
+def test_a_flood_of_pipelined_requests_is_refused_after_a_few_with_bounded_memory(
+        spy: SpyEngine, port: str, request_bytes: bytes) -> None:
+    with gateway_process(spy.url, *LIMITS) as gateway:
+        target = gateway.port if port == "traffic" else gateway.control_port
+        reply, grown = during(gateway, partial(pipelined_flood, target, request_bytes))
+        print(f"512 KiB of pipelined requests on the {port} port: {grown:.1f} MiB")
+        statuses = [int(code) for code in STATUS.findall(reply)]
+        assert statuses[-1] == 503 and b"tooManyPipelined" in reply, statuses[-3:]
+        assert len(statuses) >= MAX_PIPELINED + 2 and set(statuses[:-1]) == {200}, statuses
+        assert grown < 8, grown  # before: about 100 bytes per byte sent
+        assert refused(gateway, "tooManyPipelined") == 1
+        settled(gateway)
+        quickly_served(gateway)
+        drains(gateway)
+
+
+def test_requests_pipelined_within_the_bound_are_all_answered(spy: SpyEngine) -> None:
+    """One being answered and ``MAX_PIPELINED`` waiting, sent at once."""
+    with gateway_process(spy.url, *LIMITS) as gateway, \
+            socket.create_connection(("127.0.0.1", gateway.port)) as sock:
+        sock.sendall((HEAD % len(JUDGE) + JUDGE) * MAX_PIPELINED
+                     + b"GET /v1/models HTTP/1.1\r\nhost: j\r\nconnection: close\r\n\r\n")
+        reply = answer(sock, 5)
+    assert [int(code) for code in STATUS.findall(reply)] == [200] * (MAX_PIPELINED + 1)

@@ -368,3 +368,57 @@ def test_every_body_reaches_the_engine_with_exactly_the_gateways_rid(target: Tar
     (seen,) = target.spy.since(mark)
     rids = [value for key, value in json.loads(seen.body, object_pairs_hook=list) if key == "rid"]
     assert len(rids) == 1 and MINTED.fullmatch(rids[0]), seen.body
+
+
+# --- fuzzing: pipelined sequences, and what a connection sends once its answer is out ---
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(raws=st.lists(raw_requests(), min_size=2, max_size=6))
+def test_fuzzed_pipelined_sequences_keep_the_oracle(target: Target, raws: list[bytes]) -> None:
+    _fuzz_once(target, b"".join(raws))
+
+
+_FIRSTS = st.sampled_from([
+    b"GET /v1/models HTTP/1.1\r\nhost: j\r\n\r\n",  # answered 200, kept alive
+    b"POST /nope HTTP/1.1\r\nhost: j\r\ncontent-length: 5\r\n\r\n",  # 404 with its body still to come
+    b"GET /generate HTTP/1.1\r\nhost: j\r\ncontent-length: 5\r\n\r\n",  # 405, likewise
+    b"POST /generate HTTP/1.1\r\nhost: j\r\ntransfer-encoding: chunked\r\n\r\n",  # a body that never ends
+])
+_IDLE_BYTES = st.one_of(st.sampled_from([b"\r\n", b"\r\n\r\n", b"\n", b" ", b"G", b"GET /", b"0\r\n", b"1\r\nx"]),
+                        st.binary(min_size=1, max_size=4))
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(cases=st.lists(st.tuples(_FIRSTS, _IDLE_BYTES), min_size=12, max_size=12))
+def test_fuzzed_idle_bytes_never_keep_a_connection_past_its_timeouts(
+        target: Target, cases: list[tuple[bytes, bytes]]) -> None:
+    """Whatever a connection sends after (or instead of) finishing a request, the gateway closes it
+    within the head or body timeout (2 s here), with no 5xx of its own, and stays up."""
+    socks = []
+    for first, idle in cases:
+        sock = socket.create_connection(("127.0.0.1", target.gateway.port))
+        sock.sendall(first)
+        time.sleep(0.05)  # the answer (when there is one) goes out before the idle bytes arrive
+        try:
+            sock.sendall(idle)
+        except OSError:
+            pass
+        socks.append(sock)
+    deadline = time.monotonic() + 6
+    for (first, idle), sock in zip(cases, socks, strict=True):
+        received, closed = b"", False
+        sock.settimeout(0.1)
+        while not closed and time.monotonic() < deadline:
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                chunk = b""
+            received += chunk
+            closed = not chunk
+        sock.close()
+        assert closed, (first, idle, received[:200])
+        assert all(int(code) < 500 for code in STATUS.findall(received)), (first, idle, received[:200])
+    settle(target)
+    assert target.gateway.process.poll() is None

@@ -162,9 +162,14 @@ def test_a_client_that_stops_reading_a_stream_is_cut_without_buffering_it(
 
 
 def test_a_pipelining_client_that_never_reads_cannot_hold_a_drain(spied: tuple[SpyEngine, Gateway]) -> None:
-    """Refusals wait on a full socket too: every answer on the traffic port has the write timeout."""
+    """An answer waits on a full socket with pipelined requests (refusals) queued behind it: every
+    answer on the traffic port has the write timeout. The first answer is large because the
+    gateway answers at most ``MAX_PIPELINED`` requests sent ahead of their answers, whose small
+    refusals alone no longer fill the socket."""
     _, gateway = spied
-    data = b"POST /generate HTTP/1.1\r\nhost: j\r\ncontent-length: 9\r\n\r\n{not json" * 20_000
+    large = b'{"text": "judge", "answerBytes": 33554432}'
+    data = (b"POST /generate HTTP/1.1\r\nhost: j\r\ncontent-length: %d\r\n\r\n" % len(large) + large
+            + b"POST /generate HTTP/1.1\r\nhost: j\r\ncontent-length: 9\r\n\r\n{not json" * 20_000)
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
         sock.connect(("127.0.0.1", gateway.port))
@@ -181,7 +186,7 @@ def test_a_pipelining_client_that_never_reads_cannot_hold_a_drain(spied: tuple[S
             state = gateway.state()
             if state["admittedTotal"] != admitted:
                 admitted, stalled_at = state["admittedTotal"], time.monotonic()
-        assert gateway.state()["inflight"] == 1  # a refusal stuck on the full socket
+        assert gateway.state()["inflight"] == 1  # an answer stuck on the full socket
         assert gateway.drain("d", "soft").status_code == 200
         assert gateway.drain("d", "fence").status_code == 200
         deadline = time.monotonic() + 8
