@@ -166,7 +166,7 @@ def _rid(body: JSON) -> str | None:
 def _batch(prompt: object) -> list[object] | None:
     """The prompts of a batched ``/generate`` (SGLang's ``_determine_batch_size``: a list of texts,
     or a list of token-id lists), else None."""
-    if isinstance(prompt, list) and prompt and (isinstance(prompt[0], str) or isinstance(prompt[0], list)):
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
         return list(prompt)
     return None
 

@@ -80,7 +80,7 @@ async def _scenario(stack: Stack) -> tuple[str, list[tuple[httpx.Response, bool,
 def test_a_client_that_leaves_aborts_its_request_and_no_other() -> None:
     """Ids 1, 0x10, 0x100 and batches of twelve are in flight together; the client of id 1 leaves.
     Every other answer is whole: its finish reason is the model's, never ``abort``."""
-    with gateway_stack(sim_args=("--sim-ttft-ms", "4000", "--sim-itl-ms", "1",
+    with gateway_stack(sim_args=("--sim-ttft-ms", "8000", "--sim-itl-ms", "1",
                                  "--max-running-requests", "2048")) as stack:
         victim_rid, answered = asyncio.run(_scenario(stack))
         assert counter(victim_rid) == 1
