@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -69,6 +71,25 @@ def gateway_process(engine_url: str, *gateway_args: str, wait_ready_probe: bool 
         gateway = Gateway(port, control_port, proc)
         wait_ready(f"{gateway.control}/healthz/ready" if wait_ready_probe else f"{gateway.control}/healthz/live")
         yield gateway
+
+
+def sent_unread(port: int, data: bytes, seconds: float = 3.0) -> socket.socket:
+    """A connection that sent as much of ``data`` as the gateway took within ``seconds`` and read
+    nothing, with a 4 KiB receive window (so answers back up at once); the caller closes it."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
+    sock.connect(("127.0.0.1", port))
+    sock.setblocking(False)
+    sent, deadline = 0, time.monotonic() + seconds
+    while sent < len(data) and time.monotonic() < deadline:
+        try:
+            sent += sock.send(data[sent:])
+        except BlockingIOError:
+            time.sleep(0.01)
+        except OSError:  # the gateway closed the connection
+            break
+    sock.setblocking(True)
+    return sock
 
 
 @contextmanager

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import TOKEN, Gateway, gateway_process
+from conftest import TOKEN, Gateway, gateway_process, sent_unread
 from genrm_gateway.connection import MAX_PIPELINED
 from genrm_testing import free_port
 from spy import SpyEngine, running_spy
@@ -560,20 +560,7 @@ STATUS = re.compile(rb"HTTP/1\.1 (\d{3}) ")
 def pipelined_flood(port: int, request: bytes, size: int = 512 * 1024) -> bytes:
     """``size`` bytes of ``request`` repeated, from a client that reads nothing until it has sent
     them (or the gateway stopped taking them); then everything it was answered."""
-    data = request * (size // len(request))
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.connect(("127.0.0.1", port))
-        sock.setblocking(False)
-        sent, deadline = 0, time.monotonic() + 3
-        while sent < len(data) and time.monotonic() < deadline:
-            try:
-                sent += sock.send(data[sent:])
-            except BlockingIOError:
-                time.sleep(0.01)
-            except OSError:
-                break
-        sock.setblocking(True)
+    with sent_unread(port, request * (size // len(request))) as sock:
         return answer(sock, 3)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import Gateway, gateway_process
+from conftest import Gateway, gateway_process, sent_unread
 from spy import SpyEngine, running_spy
 
 pytestmark = pytest.mark.timeout(120)
@@ -170,16 +170,7 @@ def test_a_pipelining_client_that_never_reads_cannot_hold_a_drain(spied: tuple[S
     large = b'{"text": "judge", "answerBytes": 33554432}'
     data = (b"POST /generate HTTP/1.1\r\nhost: j\r\ncontent-length: %d\r\n\r\n" % len(large) + large
             + b"POST /generate HTTP/1.1\r\nhost: j\r\ncontent-length: 9\r\n\r\n{not json" * 20_000)
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
-        sock.connect(("127.0.0.1", gateway.port))
-        sock.setblocking(False)
-        sent, deadline = 0, time.monotonic() + 3
-        while sent < len(data) and time.monotonic() < deadline:
-            try:
-                sent += sock.send(data[sent:])
-            except BlockingIOError:
-                time.sleep(0.01)
+    with sent_unread(gateway.port, data):
         admitted, stalled_at = -1, time.monotonic()
         while time.monotonic() - stalled_at < 0.5:  # until the gateway stops taking requests
             time.sleep(0.1)
