@@ -65,14 +65,15 @@ RESTART_AFTER = (0.0, 3.0)
 MIN_OPERATOR_KILLS = 20
 TARGET_WINDOW_SECONDS = 10.0
 UNREADY_GRACE_SECONDS = 10.0
-CRASH_WINDOW_SECONDS = 10.0
-ENGINE_WAIT_SECONDS = 8.0
+CRASH_WINDOW_SECONDS = 15.0
+ENGINE_WAIT_SECONDS = 12.0
 """How long a request that reaches a crashed replica waits for its engine (`engineWaitSeconds`, 5 s
 by default). The simulator's container answers again about 2.5 s after the kill on an idle machine
-(the local kubelet's 1 s back-off, the process start, the 1 s start-up the pool asks for); in a
-CI run on the saturated 2-core machine it took longer than 5 s, and requests that reached the
-replica just after the kill got the 503 the wait is there to avoid. Below CRASH_WINDOW_SECONDS, so
-a wait that runs out is still counted against the crash."""
+(the local kubelet's 1 s back-off, the process start, the 1 s start-up the pool asks for, with its
+port closed until then as SGLang's is); in CI runs on the saturated 2-core machine it took longer
+than 5 s, and once longer than 8 s, and a request that reached the replica just after the kill got
+the 503 the wait is there to avoid. Below CRASH_WINDOW_SECONDS, so a wait that runs out is still
+counted against the crash (and fails the soak: it is not a 502 from inside the engine)."""
 CONVERGE_TIMEOUT = 240.0
 OPENAI_KINDS = ("openai", "openai-async")
 ENGINE_DIED = "HTTP 502 (engineDisconnected)"
