@@ -64,6 +64,11 @@ class SpyEngine:
     def since(self, mark: int) -> list[Seen]:
         return list(self.seen[mark:])
 
+    def judged(self, mark: int) -> list[Seen]:
+        """The ``/generate`` requests seen since ``mark``: the gateway's own background calls (its
+        ``/ready`` and load polls) may come in between at any time."""
+        return [s for s in self.since(mark) if s.target == "/generate"]
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = h11.Connection(h11.SERVER)
         request: h11.Request | None = None

@@ -271,7 +271,7 @@ def test_a_batch_gets_one_engine_id_per_prompt(target: Target) -> None:
     mark = len(target.spy.seen)
     response = httpx.post(f"http://127.0.0.1:{target.gateway.port}/generate", json={"text": ["a", "b", "c"]})
     assert response.status_code == 200
-    rid = target.spy.since(mark)[0].json()["rid"]
+    rid = target.spy.judged(mark)[0].json()["rid"]
     assert isinstance(rid, list) and len(rid) == 3 and all(MINTED.fullmatch(r) for r in rid)
 
 
