@@ -127,7 +127,7 @@ class Connections:
         self.handed_back = handed_back
         self._open: set[GatewayProtocol] = set()
         self.marked: set[GatewayProtocol] = set()
-        """Open connections being handed back (they close after their next response, or once idle)."""
+        """Open connections being handed back (they close after their next response, or at the keep-alive timeout)."""
         self._sheds: dict[str, int] = {}
         self.opened_total = 0
         """Traffic connections admitted since start: with the hand-back counter, how often clients reconnect."""
