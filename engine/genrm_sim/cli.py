@@ -5,9 +5,11 @@ and the simulator, and SGLang exits on a flag it does not know or a value outsid
 The parser is therefore built from the pinned SGLang release's contract (``sglang_contract.json``):
 a typo in ``spec.engine.extraArgs`` fails here as it would crash-loop a real pod. Valid SGLang flags
 the simulator does not model are accepted with one warning. SGLang's start-up checks that matter to a
-pool are repeated (deterministic inference refuses attention backends it does not support). Every
-``--sim-*`` flag also reads ``GENRM_SIM_*`` so a pod can turn on failure injection through its
-environment without changing its args.
+pool are repeated (deterministic inference refuses attention backends it does not support). A
+``--config`` YAML file is merged into the command line as SGLang merges it (``configfile``): the
+operator hands the engine its API key that way, off every command line. Every ``--sim-*`` flag
+also reads ``GENRM_SIM_*`` so a pod can turn on failure injection through its environment without
+changing its args.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
+import yaml
 
 from genrm_sim import contract
 from genrm_sim.api import create_app
 from genrm_sim.config import SimConfig
+from genrm_sim.configfile import ConfigMerger
 from genrm_sim.model import Scheduler
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -113,7 +117,12 @@ def _int(value: object, default: int) -> int:
 
 
 def parse_config(argv: Sequence[str] | None = None) -> SimConfig:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    try:
+        merged = ConfigMerger(parser).merge(sys.argv[1:] if argv is None else argv)
+    except (ValueError, OSError, yaml.YAMLError) as exc:
+        sys.exit(f"genrm-sim: {type(exc).__name__}: {exc}")
+    args = parser.parse_args(merged)
     _check_like_sglang(args)
     given = vars(args)
     ignored = sorted({flag.names[0] for flag in contract.load().flags

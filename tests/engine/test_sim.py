@@ -13,9 +13,11 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
+from genrm_sim import cli
 from genrm_testing import free_port, run_sim, wait_ready
 
 pytestmark = pytest.mark.timeout(60)
@@ -304,6 +306,68 @@ def test_an_api_key_guards_every_route_but_the_probes_and_metrics_as_in_sglang()
         assert httpx.post(f"{sim.url}/generate", headers={"authorization": "bearer s3cret"},
                           json={"text": "x"}).status_code == 200  # the scheme is case-insensitive
         assert httpx.options(f"{sim.url}/generate").status_code != 401
+
+
+def config_file(tmp_path: Path, text: str, name: str = "sglang.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_config_file_is_merged_as_sglang_merges_it_and_the_command_line_wins(tmp_path: Path) -> None:
+    """``prepare_server_args``: the file's flags go before the command line (which wins), keys are
+    flag spellings, a true ``store_true`` is the bare flag and a false one nothing."""
+    path = config_file(tmp_path, 'api-key: "k: #1"\nport: 31000\nrandom-seed: 5\nenable-metrics: true\n'
+                                 "enable-deterministic-inference: false\nserved-model-name: from-file\n")
+    config = cli.parse_config(["--model-path", "m", "--config", path, "--random-seed", "9"])
+    assert (config.api_key, config.port, config.random_seed, config.served_model_name) == ("k: #1", 31000, 9,
+                                                                                            "from-file")
+    assert config.enable_metrics and not config.enable_deterministic_inference
+    assert cli.parse_config(["--model-path", "m", "--config", config_file(tmp_path, "")]).api_key is None
+    numeric = config_file(tmp_path, "api-key: 12345\n", "n.yml")  # YAML's int, passed on as str(value)
+    assert cli.parse_config(["--model-path", "m", "--config", numeric]).api_key == "12345"
+
+
+def test_only_a_separate_config_token_reads_the_file(tmp_path: Path) -> None:
+    """``--config=f.yaml`` is parsed as a flag and the file never read, as in SGLang."""
+    path = config_file(tmp_path, "api-key: never-read\n")
+    assert cli.parse_config(["--model-path", "m", f"--config={path}"]).api_key is None
+    assert cli.parse_config(["--model-path", "m", "--config=/no/such/file.json"]).api_key is None
+
+
+@pytest.mark.parametrize(("text", "name", "argv", "message"), [
+    ("api-key: k\n", "c.json", [], "Config file must be YAML format, got: .json"),
+    ("api-key: k\n", "c.yaml", ["--config", "/no/such.yaml"], "Multiple config files specified"),
+    ("- api-key\n", "c.yaml", [], "Config file must contain a dictionary at root level"),
+    ("dllm-fdfo: true\n", "c.yaml", [], "Unsupported config option 'dllm_fdfo' with action"),
+    ("api-key: [unclosed\n", "c.yaml", [], "ParserError"),
+])
+def test_a_config_file_sglang_would_refuse_exits(tmp_path: Path, text: str, name: str, argv: list[str],
+                                                 message: str) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.parse_config(["--model-path", "m", "--config", config_file(tmp_path, text, name), *argv])
+    assert message in str(exited.value)
+    for bad, said in ((["--config"], "No config file specified"),
+                      (["--config", str(tmp_path / "missing.yaml")], "Config file not found")):
+        with pytest.raises(SystemExit, match=said):
+            cli.parse_config(["--model-path", "m", *bad])
+
+
+def test_a_config_key_is_a_flag_spelling_so_underscores_are_refused(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """SGLang turns each key into ``--<key>`` as written: ``api_key`` is ``--api_key``, no flag of its."""
+    with pytest.raises(SystemExit) as exited:
+        cli.parse_config(["--model-path", "m", "--config", config_file(tmp_path, "api_key: k\n")])
+    assert exited.value.code == 2 and "--api_key" in capsys.readouterr().err
+
+
+def test_a_key_from_a_config_file_guards_the_engine_and_is_on_no_command_line(tmp_path: Path) -> None:
+    key = "from-the-file-7f3a"
+    with run_sim("--config", config_file(tmp_path, f"api-key: {key}\n")) as sim:
+        assert httpx.get(f"{sim.url}/v1/models").status_code == 401
+        assert httpx.get(f"{sim.url}/v1/models", headers={"authorization": f"Bearer {key}"}).status_code == 200
+        assert httpx.get(f"{sim.url}/ready").status_code == 200
+        assert key.encode() not in Path(f"/proc/{sim.process.pid}/cmdline").read_bytes()
 
 
 def test_failure_injection_from_flags_and_env() -> None:
