@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml hack/pyproject.toml const
 CLUSTER ?= local
 VERSION := $(shell sed -n "s/^version = \"\(.*\)\"/\1/p" pyproject.toml)
 
-.PHONY: venv tools test unit lint e2e soak dev crds sglang-contract bench-gateway bench-autoscaler bench-spread bench-operator images control-plane clean
+.PHONY: venv tools test unit lint e2e soak dev crds docs sglang-contract bench-gateway bench-autoscaler bench-spread bench-operator images control-plane clean
 
 ## venv: the project and its development tools (hack/pyproject.toml: local cluster, benchmarks, test
 ## helpers; never shipped), both editable
@@ -60,6 +60,11 @@ dev: venv control-plane
 ## crds: regenerate crds/ and the chart's copy from the pydantic models
 crds: venv
 	$(PY) -m genrm_operator.crdgen
+
+## docs: regenerate docs/reference.md (every GenRMPool field) from the pydantic models; make test fails
+## when it is stale
+docs: venv
+	$(PY) -m genrm_operator.docgen
 
 ## sglang-contract: re-read the pinned SGLang wheel (network) into engine/genrm_sim/sglang_contract.json
 sglang-contract: venv
