@@ -31,6 +31,17 @@ DRAIN_PATH = "/v1/drain"
 UNDRAIN_PATH = "/v1/undrain"
 SHED_PATH = "/v1/shed"
 METRICS_PATH = "/metrics"
+PROBE_PREFIX = "/v1/probe"
+"""The judge routes again on the control port, under this prefix (``/v1/probe/generate``): the
+operator's verification probes, authenticated by the pool's control token. The gateway adds the
+engine's API key, so the operator never needs a pool's key, nor RBAC on the Secret holding it."""
+
+ENGINE_KEY_ENV = "GENRM_ENGINE_API_KEY"
+"""The key-writing init container's variable, a ``secretKeyRef`` to ``spec.engine.apiKey``."""
+ENGINE_CONFIG_FILE = "sglang.yaml"
+"""The engine's ``--config`` file (``api-key: <key>``), written by that init container."""
+ENGINE_KEY_FILE = "api-key"
+"""The gateway's copy of the key (``--engine-api-key-file``), written beside the engine's file."""
 
 REASON_HEADER = "x-genrm-reason"
 """Every refusal names its reason here and in the JSON error body."""

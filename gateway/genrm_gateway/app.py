@@ -4,7 +4,9 @@ Why two ports: the traffic port is what the Service (and so every judge client) 
 serves only the allowlisted engine routes through the lean proxy and refuses everything else
 itself, without a framework, documents or redirects. Probes, the drain API and ``/metrics`` live on
 the control port, which the kubelet, the operator and Prometheus use, so a client of the judge
-can never reach them (and no judge request competes with a drain call).
+can never reach them (and no judge request competes with a drain call). The judge routes are on the
+control port too, under ``PROBE_PREFIX`` and the control token, for the operator's verification
+probes: so the operator needs no pool's API key, which the traffic port demands when there is one.
 """
 
 from __future__ import annotations
@@ -12,15 +14,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from genrm_contract.sidecar import DrainState, HandBack
+from genrm_contract.sidecar import PROBE_PREFIX, DrainState, HandBack
 from starlette.types import Receive, Scope, Send
 
 from genrm_gateway.admission import Admission
+from genrm_gateway.apikey import ClientAuth
 from genrm_gateway.config import GatewayConfig
 from genrm_gateway.connection import Connections, GatewayProtocol, protocol_class
-from genrm_gateway.control import create_control_app
+from genrm_gateway.control import authenticate, create_control_app
 from genrm_gateway.drain import DrainController
 from genrm_gateway.engine import EngineMonitor
+from genrm_gateway.errors import CLOSE_HEADER, Refusal
 from genrm_gateway.metrics import GatewayMetrics
 from genrm_gateway.proxy import Proxy, send_error
 from genrm_gateway.routes import BLOCKED_ENGINE_PATHS, PROXIED
@@ -36,7 +40,8 @@ class Gateway:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
         self.admission = Admission()
-        self.pool = EnginePool(config.engine)
+        self.pool = EnginePool(config.engine, config.engine_api_key)
+        self._auth = None if config.engine_api_key is None else ClientAuth(config.engine_api_key)
         self.engine = EngineMonitor(self.pool, config.engine_poll_seconds)
         self.connections = Connections(config.port, config.limits, self._refused, self._handed_back)
         self.drain = DrainController(self.admission, self.engine, config.quiet_seconds, config.propagation_seconds,
@@ -61,13 +66,23 @@ class Gateway:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
         elif scope["server"][1] == self.config.control_port:
-            await self._control(scope, receive, send)
+            if scope["type"] == "http" and scope["path"].startswith(PROBE_PREFIX + "/"):
+                await self._probe(scope, receive, send)
+            else:
+                await self._control(scope, receive, send)
         elif scope["type"] == "http":
             await self._traffic(scope, receive, send)
 
     async def _traffic(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
         route = PROXIED.get(path)
+        refusal = None if self._auth is None else self._auth.refusal(scope)
+        if refusal is not None:
+            self.metrics.refused(refusal.reason)
+            if route is not None:
+                self.metrics.observe(route.name, refusal.code, 0.0)
+            await send_error(send, refusal.code, refusal.reason, str(refusal), refusal.headers)
+            return
         if route is not None:
             await self._proxy.handle(route, scope, receive, send)
             return
@@ -78,6 +93,20 @@ class Gateway:
         self.metrics.refused(reason)
         await send_error(send, code, reason, message)
 
+    async def _probe(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A judge route on the control port: the control token instead of a client's key, then
+        the same proxy as the traffic port (admission, request ids, limits, the engine's key).
+        Its body is the proxy's to bound (a probe prompt may be 64 KiB), not the control API's."""
+        try:
+            authenticate(scope)
+            route = PROXIED.get(scope["path"][len(PROBE_PREFIX):])
+            if route is None:
+                raise Refusal(404, "notFound", "no such judge route")
+        except Refusal as refusal:
+            self.metrics.refused(refusal.reason)
+            await send_error(send, refusal.code, refusal.reason, str(refusal), (*refusal.headers, CLOSE_HEADER))
+            return
+        await self._proxy.handle(route, scope, receive, send)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

@@ -1,7 +1,9 @@
-"""``genrm-gateway serve`` (the sidecar) and ``genrm-gateway drain`` (its preStop hook).
+"""``genrm-gateway serve`` (the sidecar), ``genrm-gateway drain`` (its preStop hook) and
+``genrm-gateway engine-key`` (the init container of a key-protected pool).
 
 Every flag falls back to an environment variable, so the chart can configure the sidecar through
-env while tests and humans use flags.
+env while tests and humans use flags. No flag takes an API key itself: a command line is visible to
+every process of the node and in the pod spec, so the key comes from a file or the environment.
 """
 
 from __future__ import annotations
@@ -13,10 +15,13 @@ import resource
 import socket
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import uvicorn
+from genrm_contract.sidecar import ENGINE_KEY_ENV
 
+from genrm_gateway.apikey import checked, read_key_file, write_engine_files
 from genrm_gateway.app import Gateway
 from genrm_gateway.config import EngineAddress, GatewayConfig, Limits
 from genrm_gateway.prestop import PreStopDrain
@@ -68,7 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--engine-poll-seconds", type=float,
                        default=_env("GENRM_ENGINE_POLL_SECONDS", float, DEFAULTS.engine_poll_seconds),
                        help="how often the engine's health and load are read")
+    serve.add_argument("--engine-api-key-file", default=_env("GENRM_ENGINE_API_KEY_FILE", str, None),
+                       help="the engine's API key (SGLang's --api-key), sent on every engine call and demanded "
+                            "from judge clients on the traffic port")
     _add_limits(serve)
+
+    key = commands.add_parser("engine-key", help=f"write a key-protected engine's --config file and the gateway's "
+                                                 f"key file from ${ENGINE_KEY_ENV} (the pod's init container)")
+    key.add_argument("--dir", required=True, help="the pod's volume both files go to")
 
     drain = commands.add_parser("drain", help="drain the local gateway (the preStop hook)")
     control_port_and_propagation(drain)
@@ -110,6 +122,10 @@ def ensure_open_files(max_connections: int) -> None:
 def serve(args: argparse.Namespace) -> None:
     if args.port == args.control_port:
         sys.exit("genrm-gateway: --port and --control-port must differ")
+    try:
+        api_key = None if args.engine_api_key_file is None else read_key_file(args.engine_api_key_file)
+    except ValueError as exc:
+        sys.exit(f"genrm-gateway: {exc}")
     limits = Limits(**{limit.name: getattr(args, limit.name) for limit in dataclasses.fields(Limits)})
     ensure_open_files(limits.max_connections)
     config = GatewayConfig(
@@ -121,6 +137,7 @@ def serve(args: argparse.Namespace) -> None:
         quiet_seconds=args.quiet_seconds,
         propagation_seconds=args.propagation_seconds,
         engine_poll_seconds=args.engine_poll_seconds,
+        engine_api_key=api_key,
     )
     gateway = Gateway(config)
     sockets = [_listen(config.host, config.port), _listen(config.host, config.control_port)]
@@ -134,10 +151,20 @@ def serve(args: argparse.Namespace) -> None:
     server.run(sockets)
 
 
+def engine_key(args: argparse.Namespace) -> None:
+    try:
+        write_engine_files(Path(args.dir), checked(os.environ.get(ENGINE_KEY_ENV, ""), f"${ENGINE_KEY_ENV}"))
+    except (ValueError, OSError) as exc:
+        sys.exit(f"genrm-gateway engine-key: {exc}")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         serve(args)
+        return
+    if args.command == "engine-key":
+        engine_key(args)
         return
     sys.exit(PreStopDrain(port=args.control_port, drain_id=args.drain_id, deadline_seconds=args.deadline_seconds,
                           propagation_seconds=args.propagation_seconds).run())

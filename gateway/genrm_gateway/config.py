@@ -83,3 +83,5 @@ class GatewayConfig:
     quiet_seconds: float = sidecar.QUIET_SECONDS
     propagation_seconds: float = sidecar.PROPAGATION_SECONDS
     engine_poll_seconds: float = 1.0
+    engine_api_key: str | None = field(default=None, repr=False)
+    """SGLang's ``--api-key``: sent on every engine call and demanded from judge clients (``apikey``)."""

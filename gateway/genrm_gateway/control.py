@@ -69,6 +69,12 @@ def require_token(authorization: Annotated[str | None, Header()] = None) -> None
         raise Refusal(403, "forbidden", "the bearer token is not valid for this gateway")
 
 
+def authenticate(scope: Scope) -> None:
+    """The control token of a request, checked on its head alone (``require_token``'s refusals)."""
+    token = next((value for name, value in scope["headers"] if name == b"authorization"), None)
+    require_token(None if token is None else token.decode("latin-1"))
+
+
 class _Guard:
     """Authenticates a control request and bounds its body before FastAPI reads it.
 
@@ -90,8 +96,7 @@ class _Guard:
             return
         try:
             if scope["path"] in self._protected:
-                token = next((value for name, value in scope["headers"] if name == b"authorization"), None)
-                require_token(None if token is None else token.decode("latin-1"))
+                authenticate(scope)
             body = await _bounded_body(scope, receive)
         except Refusal as refusal:
             self._refused(refusal.reason)

@@ -5,8 +5,9 @@ whole overhead, and the routing, dependency and response machinery of a framewor
 than the proxying itself.
 
 What reaches the engine is the gateway's own request, never the client's bytes: the route's
-canonical path (no client target or query), an allowlist of RFC 9110-checked headers, and the
-JSON body re-serialised with a request id (``rid``) the gateway minted. The client's id is only a
+canonical path (no client target or query), an allowlist of RFC 9110-checked headers (an API key
+is the gateway's own, never the client's ``Authorization``), and the JSON body re-serialised with a
+request id (``rid``) the gateway minted. The client's id is only a
 correlation value, validated and echoed in ``X-Request-Id``; so a client can neither inject a
 header or a second request, nor collide with (or abort) another client's request on the engine.
 """
@@ -44,8 +45,10 @@ RETRY_AFTER = (b"retry-after", b"1")
 _JSON_CONTENT = (b"content-type", b"application/json")
 # Status recorded for requests whose client went away before the answer (nginx's convention).
 CLIENT_CLOSED = 499
-# The only client headers the engine gets: what SGLang reads (content type, accept, an API key).
-FORWARDED_HEADERS = frozenset({b"content-type", b"accept", b"authorization"})
+# The only client headers the engine gets: what SGLang reads of a request. Never the client's
+# Authorization: a key-protected engine gets the gateway's own key (``EnginePool``), and the client's
+# is the gateway's to check (``apikey.ClientAuth``), not the engine's.
+FORWARDED_HEADERS = frozenset({b"content-type", b"accept"})
 # Engine response headers that are connection-scoped or recomputed for the client.
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade",
                          b"proxy-connection", b"content-length", b"trailer", b"date", b"server",

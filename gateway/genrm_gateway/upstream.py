@@ -321,12 +321,18 @@ class _Connection(asyncio.Protocol):
 
 
 class EnginePool:
-    """Idle keep-alive connections to the engine, most recently used first."""
+    """Idle keep-alive connections to the engine, most recently used first.
 
-    def __init__(self, address: EngineAddress) -> None:
+    With an API key every request carries it (``Authorization: Bearer``): proxied ones, aborts,
+    load reads and readiness polls alike, since SGLang demands it on all but ``/health*``,
+    ``/ready*`` and ``/metrics*``, and one rule for all cannot forget a call.
+    """
+
+    def __init__(self, address: EngineAddress, api_key: str | None = None) -> None:
         self._address = address
         self._idle: list[_Connection] = []
         self.host_header = address.authority.encode()
+        self._fixed_fields = b"" if api_key is None else b"authorization: Bearer " + api_key.encode() + b"\r\n"
 
     async def send(self, exchange: Exchange, data: bytes) -> None:
         """Send a request and wait for the response head.
@@ -377,8 +383,8 @@ class EnginePool:
         a sixth of the gateway's whole per-request CPU (measured with ``make bench-gateway``'s
         body); ``tests/gateway/test_serialize.py`` holds this writer to h11's own judgement.
         """
-        parts = [method.encode(), b" ", target.encode(), b" HTTP/1.1\r\nhost: ", self.host_header,
-                 b"\r\ncontent-length: ", str(len(body)).encode(), b"\r\n"]
+        parts = [method.encode(), b" ", target.encode(), b" HTTP/1.1\r\nhost: ", self.host_header, b"\r\n",
+                 self._fixed_fields, b"content-length: ", str(len(body)).encode(), b"\r\n"]
         for name, value in headers:
             if _TOKEN.fullmatch(name) is None or _FIELD_VALUE.fullmatch(value) is None:
                 raise InvalidField(f"header {name!r} is not allowed by RFC 9110")

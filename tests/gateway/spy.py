@@ -52,6 +52,8 @@ class SpyEngine:
     broken: list[str] = field(default_factory=list)
     streamed_bytes: int = 0
     stalled: int = 0
+    metrics: bytes = METRICS
+    """The ``/metrics`` answer; empty is a 404, so the gateway reads the load from ``/v1/loads``."""
     misbehave: str = ""
     """How the spy breaks HTTP on judge routes: "" (never), "desync" (a stray second response),
     "status999" (an impossible status), "interim" (a 100 Continue before the answer), "silent" (no
@@ -102,7 +104,7 @@ class SpyEngine:
     async def _answer(self, conn: h11.Connection, writer: asyncio.StreamWriter, seen: Seen) -> None:
         path = seen.target.split("?", 1)[0]
         if path == "/metrics":
-            await self._send(conn, writer, 200, METRICS, b"text/plain")
+            await self._send(conn, writer, 200 if self.metrics else 404, self.metrics, b"text/plain")
             return
         if seen.method != "POST" or not seen.body:
             await self._send(conn, writer, 200, b'{"object":"list","data":[{"id":"spy"}]}')
