@@ -80,9 +80,13 @@ def test_the_project_pins_one_sglang_release(sglang: Contract) -> None:
     assert GenRMPoolSpec.model_validate({"model": {"path": "m"}}).engine.image == f"lmsysorg/sglang:{sglang.image_tag}"
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert re.search(rf"^ARG SGLANG_IMAGE=lmsysorg/sglang:{re.escape(sglang.image_tag)}$", dockerfile, re.M)
-    for path in [*EXAMPLES, ROOT / "README.md"]:
+    documented = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    named = 0
+    for path in [*EXAMPLES, *documented]:
         for tag in re.findall(r"lmsysorg/sglang:([\w.\-]+)", path.read_text()):
             assert tag == sglang.image_tag, f"{path.name} uses lmsysorg/sglang:{tag}"
+            named += path in documented
+    assert named, "the docs no longer name the pinned SGLang image; this check would be empty"
 
 
 def probe(endpoint: Endpoint, verification: VerificationSpec) -> list[str]:
