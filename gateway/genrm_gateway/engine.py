@@ -105,8 +105,9 @@ UNHEALTHY_AFTER_TIMEOUTS = 3
 DOWN_POLL_SECONDS = 0.1
 """How often an unreachable engine is polled. Requests that found it down wait for it (up to the
 engine wait), and each poll interval is added to their wait once the restarted engine listens:
-with the usual one-second interval that was a fifth of a crashed simulator's whole restart, and a
-refused connection costs next to nothing to ask for ten times a second."""
+the usual one-second interval was a sizeable part of a crashed simulator's whole restart
+(figures: docs/performance.md#measurements-behind-the-code), and a refused connection costs next
+to nothing to ask for ten times a second."""
 
 
 class EngineMonitor:

@@ -67,9 +67,10 @@ async def send_error(send: Send, code: int, reason: str, message: str,
 class _DisconnectWatcher:
     """Fails the exchange with ClientGone when the client disconnects.
 
-    Why deferred: a task per request awaiting ``receive()`` costs as much as a tenth of the
-    proxying itself, and a request that finishes within ``_WATCH_AFTER_SECONDS`` has no engine
-    work worth aborting; longer ones (real judge calls) get the watcher after that delay.
+    Why deferred: a task per request awaiting ``receive()`` costs a measurable share of the
+    proxying itself (figures: docs/performance.md#measurements-behind-the-code), and a request that
+    finishes within ``_WATCH_AFTER_SECONDS`` has no engine work worth aborting; longer ones (real
+    judge calls) get the watcher after that delay.
     """
 
     __slots__ = ("_exchange", "_receive", "_task", "_timer")

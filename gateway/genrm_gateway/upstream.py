@@ -379,9 +379,9 @@ class EnginePool:
 
         Every header name must be an RFC 9110 token and every value a field-value (no CR, LF, NUL
         or other control character), so no byte a client sent can end a header line or start a
-        request; raises ``InvalidField`` otherwise. Why not h11 here: it costs 29 µs per request,
-        a sixth of the gateway's whole per-request CPU (measured with ``make bench-gateway``'s
-        body); ``tests/gateway/test_serialize.py`` holds this writer to h11's own judgement.
+        request; raises ``InvalidField`` otherwise. Why not h11 here: it is a sizeable share of
+        the gateway's whole per-request CPU (figures: docs/performance.md#measurements-behind-the-code);
+        ``tests/gateway/test_serialize.py`` holds this writer to h11's own judgement.
         """
         parts = [method.encode(), b" ", target.encode(), b" HTTP/1.1\r\nhost: ", self.host_header, b"\r\n",
                  self._fixed_fields, b"content-length: ", str(len(body)).encode(), b"\r\n"]

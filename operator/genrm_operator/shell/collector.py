@@ -3,17 +3,16 @@
 Why tune it: with 1,000 replicas the operator holds a large, steadily replaced working set (every
 watched pod, every sidecar's report, a long poll per replica), and each watch event allocates
 thousands of containers while being decoded. Under the interpreter's default thresholds the young
-collections promoted so many short-lived objects that a full collection ran every 2 to 3 seconds
-in a scale storm at 50 pools x 20 replicas, each holding the event loop for 0.35 to 0.7 seconds
-(logged from ``gc.callbacks`` during ``make bench-operator``): most of the delay between a
-``kubectl scale`` and the operator's answer. Reference counting frees almost all of that garbage
-anyway; the collector is only needed for cycles, and the ones left are kopf's: each watch event's
-``Body`` and ``Patch`` point at their own views, so every event's decoded object waits for a young
-collection (httpx responses did the same until sidecar calls moved to aiohttp).
+collections promoted so many short-lived objects that full collections ran every few seconds in a
+scale storm, each holding the event loop long enough to be most of the delay between a ``kubectl
+scale`` and the operator's answer (logged from ``gc.callbacks`` during ``make bench-operator``).
+Reference counting frees almost all of that garbage anyway; the collector is only needed for
+cycles, and the ones left are kopf's: each watch event's ``Body`` and ``Patch`` point at their own
+views, so every event's decoded object waits for a young collection (httpx responses did the same
+until sidecar calls moved to aiohttp).
 
-Measured in that storm (``gc.callbacks``): at the default thresholds full collections of 0.35 to
-0.7 s every 2 to 3 s; at 50,000 young collections of 0.07 to 0.15 s and middle ones up to 0.66 s;
-at 10,000 young ones mostly 20 to 40 ms and middle ones up to 0.2 s, which is kept.
+The thresholds below were chosen by measuring the pauses in that storm at the default, a larger
+and this young threshold (figures: docs/performance.md#measurements-behind-the-code).
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 Every step decides from the pods as the watch shows them, and the watch lags the operator's own
 writes: a step right after a create, a delete or a label patch often still sees the pod as it
 was and decides the same action again. Each is idempotent, so repeating it is safe, but each is
-an API write: in a scale storm at 50 pools a third of the operator's pod writes were such repeats
-(AlreadyExists creates, second deletes, patches to a label already set). The ReplicaSet
+an API write, and in a scale storm such repeats (AlreadyExists creates, second deletes, patches to
+a label already set) were a large share of the operator's pod writes
+(figures: docs/performance.md#measurements-behind-the-code). The ReplicaSet
 controller's expectations solve the same problem; here it is simpler, because each action names
 its pod: the last action done on each pod (per kind of action) is remembered for
 ``EXPECT_SECONDS``, and only that same action is held back meanwhile. A different action on the

@@ -4,10 +4,10 @@ The official client's configuration (kubeconfig or in-cluster, with its token re
 the API server is and how to authenticate; the requests themselves go out through one aiohttp
 session (the HTTP library kopf already uses) as JSON built here, and answers come back as JSON
 dicts. Why not the official client's own calls: they are synchronous, so they ran in threads, and
-in a scale storm at 50 pools a status write waited a fifth of a second between the step deciding
-it and the request leaving (thread hand-offs and the GIL shared with the event loop); and its
-generated per-kind methods validate every body into pydantic models and build model objects from
-every answer (profiled at 50 pools, a fifth of the operator's CPU for objects it never looked at).
+in a scale storm a status write waited between the step deciding it and the request leaving
+(thread hand-offs and the GIL shared with the event loop); and its generated per-kind methods
+validate every body into pydantic models and build model objects from every answer, CPU spent on
+objects the operator never looks at (figures: docs/performance.md#measurements-behind-the-code).
 
 Idempotence rules: AlreadyExists on create and NotFound on delete are success;
 deletes and label patches carry the pod UID as a precondition, so an action
