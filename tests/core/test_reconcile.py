@@ -627,23 +627,53 @@ def test_a_new_replica_is_verified_against_the_oldest_serving_replica() -> None:
     assert verifies == {"judge-0"}
 
 
-def test_a_replica_answering_differently_is_never_published() -> None:
+def test_a_replica_answering_differently_is_never_published_and_is_replaced() -> None:
     world = converged_world(1)
     world.step([Ev("perturb"), Ev("scale", 2)])
     run_until(world, lambda: world.status.operation is None and world.status.history[-1].id == "op-2")
     last = world.status.history[-1]
     assert (last.outcome, last.reason) == ("Partial", "ReplicaInconsistent")
-    assert not world.pods["judge-1"].published and world.pods["judge-1"].verification == "failed"
-    degraded = find(world.status.conditions, "Degraded")
-    assert degraded is not None and (degraded.status, degraded.reason) == ("True", "ReplicaInconsistent")
-    event = next(e for p in world.plans for e in p.events if e.reason == "ReplicaInconsistent")
-    assert event.type == "Warning" and "new='verdict: 3/10 (judge-1)'" in event.message
-    assert "reference='verdict: 7/10'" in event.message
-    for _ in range(20):
-        world.step()
-        assert not world.pods["judge-1"].published
-    world.admin_delete(world.pods["judge-1"])
+    assert last.message.startswith("judge-1: ReplicaInconsistent: judge-1 on node unknown (no GPU product label) "
+                                   "against judge-0 on node unknown (no GPU product label): ")
+    assert "judge-1" in world.names_deleted, "replaced, not kept on its GPU"
+    assert not any(isinstance(a, SetPublished) and a.name == "judge-1" and a.published
+                   for p in world.plans for a in p.actions)
+    for reason in ("ScaleOutPartial", "ReplicaFailed"):
+        event = next(e for p in world.plans for e in p.events if e.reason == reason)
+        assert event.type == "Warning" and "new='verdict: 3/10 (judge-1)'" in event.message
+        assert "reference='verdict: 7/10'" in event.message
     run_until(world, world.converged)
+    assert sorted(world.pods) == ["judge-0", "judge-2"]
+    assert find(world.status.conditions, "Degraded").status == "False"  # type: ignore[union-attr]
+
+
+def test_a_replica_that_keeps_answering_differently_is_replaced_with_exponential_back_off() -> None:
+    """The first replacement goes at once; each later one waits for the back-off that counts every
+    failed operation in a row (20 s after two, 40 s after three), with conditions saying why and
+    until when."""
+    world = converged_world(1)
+    created: dict[str, float] = {}
+    held = []
+    for taken in range(200):
+        plan = world.step([Ev("perturb"), Ev("perturb"), Ev("perturb"), Ev("scale", 2)] if taken == 0 else [])
+        for name in names(plan, CreatePod):
+            created.setdefault(name, world.now)
+        degraded = find(plan.status.conditions, "Degraded")
+        if degraded is not None and degraded.reason == "VerificationBackOff":
+            held.append((degraded, find(plan.status.conditions, "Progressing")))
+        if world.converged():
+            break
+    assert sorted(world.pods) == ["judge-0", "judge-4"], "three replicas answered differently, the fourth serves"
+    gaps = [created[f"judge-{n + 1}"] - created[f"judge-{n}"] for n in (1, 2, 3)]
+    assert gaps[0] < 10.0 and 20.0 <= gaps[1] < 40.0 <= gaps[2], gaps
+    degraded, progressing = held[-1]
+    assert degraded.status == "True" and degraded.observed_generation == world.generation
+    assert re.search(r"^next replica create at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \(40s back-off after 3 failed "
+                     r"operation\(s\) in a row\); last: op-\d+ Partial \(ReplicaInconsistent\): judge-3: "
+                     r"ReplicaInconsistent: judge-3 on node", degraded.message), degraded.message
+    assert progressing is not None and (progressing.status, progressing.reason) == ("False", "VerificationBackOff")
+    assert "next replica create at" in progressing.message
+    assert len({c.last_transition_time for c, _ in held}) <= 2, "one transition per wait, not one per step"
     assert find(world.status.conditions, "Degraded").status == "False"  # type: ignore[union-attr]
 
 

@@ -14,6 +14,9 @@ against *ground truth* rather than against the core's own view:
   sidecar becomes Drained only after in-flight stayed 0 for ``drain.quietSeconds``;
 - engine warm-up after scheduling (slow starts possible), a GPU capacity limit (pods
   beyond it stay Pending with the scheduler's Unschedulable message);
+- optionally nodes labelled with GPU products (``nodes``): the scheduler spreads a pod over the
+  nodes its required product allows (none: Unschedulable), and a replica answers as its GPU
+  product computes (replicas on two products differ, as SGLang's deterministic kernels do);
 - the shell's contract for every action: the status written first when it records new
   decisions or a create is due (`writes_first`: then even unchanged, for its Conflict), then the
   actions that need its record (`needs_record`; publishes and probes go beside it); counts alone
@@ -108,6 +111,11 @@ class SimPod:
     rewarm_at: float = 0.0
     perturbed: bool = False
     revision: str = ""
+    required_product: str = ""
+    """The GPU product its node affinity requires (the core's pin when it was created)."""
+    node: str = ""
+    product: str = ""
+    """Its node's GPU product label ('' when unscheduled or unlabelled)."""
     sidecar: SimSidecar = field(default_factory=SimSidecar)
 
     @property
@@ -118,7 +126,9 @@ class SimPod:
     @property
     def answer(self) -> str:
         """What this replica answers to the verification probes."""
-        return f"verdict: 3/10 ({self.name})" if self.perturbed else GOOD_ANSWER
+        if self.perturbed:
+            return f"verdict: 3/10 ({self.name})"
+        return f"{GOOD_ANSWER} on {self.product}" if self.product else GOOD_ANSWER
 
     @property
     def ready(self) -> bool:
@@ -140,7 +150,7 @@ class SimPod:
             published=self.published, ever_published=self.ever_published,
             verification=self.verification,  # type: ignore[arg-type]
             verification_message=self.verification_message, deleting=self.deleting,
-            unschedulable=self.unschedulable, restarts=self.restarts, revision=self.revision,
+            unschedulable=self.unschedulable, restarts=self.restarts, revision=self.revision, node=self.node,
         )
 
 
@@ -170,6 +180,8 @@ class World:
 
     spec: GenRMPoolSpec
     gpus: int = 1000
+    nodes: dict[str, str] = field(default_factory=dict)
+    """GPU product label by node name ('' for a node without the label); none: pods run nowhere in particular."""
     now: float = START
     warmup: float = 2.0
     crash_warmup: float = 6.0
@@ -334,9 +346,16 @@ class World:
         for pod in sorted(self.pods.values(), key=lambda p: p.ordinal):
             if pod.scheduled_at is not None or pod.deleting:
                 continue
-            if used < self.gpus:
+            fits = sorted(n for n, product in self.nodes.items() if pod.required_product in ("", product))
+            if self.nodes and not fits:
+                pod.unschedulable = (f"0/{len(self.nodes)} nodes are available: {len(self.nodes)} node(s) "
+                                     "didn't match Pod's node affinity/selector.")
+            elif used < self.gpus:
                 used += 1
                 pod.scheduled_at, pod.phase, pod.unschedulable = self.now, "Running", ""
+                if fits:  # spread by ordinal, so unpinned replicas land on every product
+                    pod.node = fits[pod.ordinal % len(fits)]
+                    pod.product = self.nodes[pod.node]
             else:
                 pod.unschedulable = (f"0/{self.gpus} nodes are available: "
                                      f"{self.gpus} Insufficient nvidia.com/gpu.")
@@ -373,7 +392,8 @@ class World:
         sidecars = {p.name: (None if p.name in down else self.sidecar_view(p)) for p in self.pods.values()}
         seen, generation = spec or (self.spec, self.generation)
         return Observed(name=POOL, generation=generation, spec=seen, status=self.status,
-                        pods=pods, sidecars=sidecars, now=self.now)
+                        pods=pods, sidecars=sidecars, now=self.now,
+                        gpu_products={n: product for n, product in self.nodes.items() if product})
 
     # ----- one step ----------------------------------------------------------------------------
 
@@ -435,8 +455,8 @@ class World:
 
     def carry_out(self, action: object, obs: Observed, plan: Plan) -> None:
         match action:
-            case CreatePod(name=name, ordinal=ordinal):
-                self.create(name, ordinal)
+            case CreatePod(name=name, ordinal=ordinal, gpu_product=product):
+                self.create(name, ordinal, product)
             case DeletePod(name=name, uid=uid, grace_seconds=grace):
                 pod = self.pods.get(name)
                 if grace is not None and pod is not None and pod.ever_published:
@@ -457,8 +477,8 @@ class World:
                 elif pod.published:
                     self.check_rollout_floor(pod, plan)
                 pod.published = published
-            case Verify(name=name, uid=uid, reference=reference):
-                self.verify(name, uid, reference)
+            case Verify(name=name, uid=uid, reference=reference, context=context):
+                self.verify(name, uid, reference, context)
             case Drain(name=name, drain_id=did, phase=phase):
                 pod = self.pods.get(name)
                 if pod is None or not pod.reachable or did != drain_id(pod.uid):
@@ -481,7 +501,7 @@ class World:
             case _:
                 raise Violation(f"unknown action {action!r}")
 
-    def create(self, name: str, ordinal: int) -> None:
+    def create(self, name: str, ordinal: int, product: str = "") -> None:
         if name != pod_name(POOL, ordinal):
             raise Violation(f"CreatePod {name} does not carry its ordinal {ordinal}")
         if name in self.pods:
@@ -499,7 +519,7 @@ class World:
         self.names_ever.add(name)
         self.uid_counter += 1
         pod = SimPod(name=name, uid=f"uid-{self.uid_counter}", ordinal=ordinal, created_at=self.now,
-                     revision=self.revision)
+                     revision=self.revision, required_product=product)
         if self.perturb_next:
             self.perturb_next -= 1
             pod.perturbed = True
@@ -508,20 +528,22 @@ class World:
             pod.slow = True
         self.pods[name] = pod
 
-    def verify(self, name: str, uid: str, reference: str | None) -> None:
-        """Probe the candidate and the reference through their sidecars; record the verdict on the pod."""
+    def verify(self, name: str, uid: str, reference: str | None, context: str = "") -> None:
+        """Probe the candidate and the reference through their sidecars; record the verdict on the
+        pod, after the core's ``context`` as the shell writes it."""
         pod = self.pods.get(name)
         if pod is None or pod.uid != uid or not pod.reachable or not pod.warm:
             return  # probes fail: nothing recorded, the core asks again
         if reference is None:
-            pod.verification, pod.verification_message = "passed", "no reference"
+            pod.verification, pod.verification_message = "passed", f"{context}: no reference"
             return
         ref = self.pods.get(reference)
         if ref is None or not ref.reachable or not ref.warm:
             return  # the reference cannot answer: nothing recorded
         same = pod.answer == ref.answer
         pod.verification = "passed" if same else "failed"
-        pod.verification_message = "identical" if same else f"new={pod.answer!r} reference={ref.answer!r}"
+        pod.verification_message = f"{context}: " + ("identical" if same else
+                                                     f"new={pod.answer!r} reference={ref.answer!r}")
 
     # ----- safety checks -----------------------------------------------------------------------
 
@@ -626,14 +648,17 @@ class World:
 
     def heal(self) -> None:
         """Inputs stop changing and the world is healthy: capacity suffices, no new disturbances,
-        requests finish, and an administrator removes the replicas answering differently."""
+        requests finish, and an administrator removes the serving replicas that answer
+        differently (nothing tells which of two answers is right, so every new replica fails
+        verification against such a reference). A new replica answering differently is the
+        core's to replace."""
         self.gpus = max(self.gpus, 4 * max(self.spec.replicas, len(self.pods)) + 4)
         self.perturb_next = self.slow_next = 0
         if self.spec.paused:
             self.edit(paused=False)  # the user resumes the rollout
         for pod in list(self.pods.values()):
             pod.sidecar.inflight = 0
-            if pod.perturbed or pod.verification == "failed":
+            if pod.perturbed and pod.ever_published:
                 self.admin_delete(pod)
 
 

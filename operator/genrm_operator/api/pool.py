@@ -18,7 +18,7 @@ from .spec import (
     UpdateStrategySpec,
     VerificationSpec,
 )
-from .status import Condition, HistoryEntry, Operation
+from .status import Condition, HistoryEntry, Operation, Placement
 
 MAX_NAME_LENGTH = 63
 """The pool name is the value of its children's instance label and its Service's name: 63 at most."""
@@ -109,6 +109,9 @@ class GenRMPoolStatus(ApiModel):
     """The last finished operations, newest last."""
     autoscaler: AutoscalerStatus | None = None
     """The built-in autoscaler's memory (recommendation history) and its last decisions."""
+    placement: Placement | None = None
+    """The GPU product new replicas are required onto; absent when nothing is pinned (a
+    non-deterministic pool, no replica on a labelled node yet, or the user's own selector chooses)."""
 
     def decisions(self) -> tuple[object, ...]:
         """What the operator decided, as opposed to what it counted: the operation (victims, creates,

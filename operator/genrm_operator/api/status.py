@@ -111,11 +111,13 @@ class Reason(StrEnum):
     TARGET_CHANGED = "TargetChanged"
     DRAIN_TIMEOUT = "DrainTimeout"
     BACK_OFF = "BackOff"
+    VERIFICATION_BACK_OFF = "VerificationBackOff"
     UNSCHEDULABLE = "Unschedulable"
     REPLICA_FAILED = "ReplicaFailed"
     REPLICA_CRASHED = "ReplicaCrashed"
     STARTUP_TIMEOUT = "StartupTimeout"
     REPLICA_INCONSISTENT = "ReplicaInconsistent"
+    REPLICA_MISPLACED = "ReplicaMisplaced"
     VALID_METRIC_FOUND = "ValidMetricFound"
     READY_FOR_NEW_SCALE = "ReadyForNewScale"
     DESIRED_WITHIN_RANGE = "DesiredWithinRange"
@@ -144,8 +146,21 @@ class Condition(ApiModel):
     """The spec generation the condition was computed from."""
 
 
+class Placement(ApiModel):
+    """The GPU product new replicas of a deterministic pool are required onto, and where it comes from."""
+
+    gpu_product: str
+    """Value of the node label nvidia.com/gpu.product (GPU feature discovery) that every new replica's
+    node affinity requires: deterministic answers are reproducible on one GPU generation only."""
+    replica: str
+    """The replica whose node has that product: the oldest serving one (new replicas are verified
+    against it), or while none serves, the oldest scheduled one."""
+    node: str
+    """That replica's node."""
+
+
 class AddedPod(ApiModel):
-    """A pod created by a scale-out operation."""
+    """A pod created by a scale-out or rollout, or a starting one a scale-out took over."""
 
     name: str
     """Pod name (deterministic: <pool>-<ordinal>)."""
@@ -157,6 +172,9 @@ class AddedPod(ApiModel):
     """Why the pod failed (CamelCase), noted when the operator saw it fail before anyone deleted it.
     The operation ends on this note, not on what the pod shows later: a deleted pod's phase is the
     kubelet's answer to the deletion, and the pod may be gone by the time the operation ends."""
+    failure_message: str = ""
+    """What the failure showed, when there is more to say than its reason: a verification mismatch
+    names both replicas, their nodes and GPU products, and the first answers that differ."""
 
 
 class Victim(ApiModel):
@@ -201,7 +219,7 @@ class Operation(OperationIdentity):
     last_transition_time: Timestamp
     """Time of the last phase change (RFC 3339)."""
     added_pods: list[AddedPod] = Field(default_factory=list)
-    """Pods created by this operation."""
+    """Pods created by this operation, and for a scale-out the starting ones it took over when it began."""
     victims: list[Victim] = Field(default_factory=list)
     """Replicas being removed by this operation."""
     message: str = ""

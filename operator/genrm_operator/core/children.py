@@ -17,6 +17,7 @@ from genrm_contract import drained, sidecar
 
 from ..api.pool import GenRMPoolSpec
 from ..api.spec import GatewayLimits
+from . import placement
 from .names import (
     ENGINE_CONTAINER,
     GATEWAY_CONTAINER,
@@ -136,10 +137,19 @@ def _template_revision(pool: str, spec: GenRMPoolSpec) -> str:
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:REVISION_LENGTH]
 
 
-def pod_manifest(pool: str, pool_uid: str, namespace: str, spec: GenRMPoolSpec, name: str, ordinal: int) -> Manifest:
-    """The replica pod: SGLang engine on loopback plus the gateway sidecar, labelled with its template revision."""
+def pod_manifest(pool: str, pool_uid: str, namespace: str, spec: GenRMPoolSpec, name: str, ordinal: int,
+                 gpu_product: str = "") -> Manifest:
+    """The replica pod: SGLang engine on loopback plus the gateway sidecar, labelled with its template revision.
+
+    ``gpu_product`` (the pool's pin, `placement.choose`) is merged into the node affinity as a
+    requirement. Like the ordinal it is no part of the template: it follows where the serving
+    replicas run, and a change of it must not make every replica outdated."""
     pod = _replica_pod(pool, pool_uid, namespace, spec, name, ordinal)
     pod["metadata"]["labels"][REVISION_LABEL] = template_revision(pool, spec)
+    if gpu_product:
+        pod_spec = pod["spec"]
+        pod_spec["affinity"] = placement.require_product(pod_spec["nodeSelector"], pod_spec.get("affinity", {}),
+                                                         gpu_product)
     return pod
 
 

@@ -27,7 +27,7 @@ class Role(Enum):
     DRAINED = "Drained"
     """Proved drained by its sidecar: may only be deleted."""
     FAILED = "Failed"
-    """Crashed, failed or never ready in time: to be replaced."""
+    """Crashed, failed, never ready in time or answering differently: to be replaced."""
     TERMINATING = "Terminating"
     """Has a deletion timestamp."""
 
@@ -56,13 +56,17 @@ def failure_reason(pod: PodView, now: float, startup_timeout: float) -> str:
     (kubelets 1.27 and later, and the local node agent, end every deleted pod Succeeded or
     Failed), and it no longer has to become ready. Read as failures, both would blame a replica
     for its own removal; a failure seen before the deletion is what an operation remembers
-    (`AddedPod.failure`).
+    (`AddedPod.failure`). A failed verification is such a failure too: its answers differed
+    before anyone deleted it. Such a replica is replaced like a crashed one, its replacements
+    backing off (`reconcile.create_backoff`), rather than kept unpublished on its GPU forever.
     """
     if pod.phase in ("Failed", "Succeeded") and not pod.deleting:
         return "ReplicaFailed"
     if pod.restarts > 0:
         return "ReplicaCrashed"
-    if pod.deleting or pod.verification == "failed" or pod.ever_published or pod.unschedulable:
+    if pod.verification == "failed":
+        return "ReplicaInconsistent"
+    if pod.deleting or pod.ever_published or pod.unschedulable:
         return ""
     if not pod.ready and now - pod.created_at > startup_timeout:
         return "StartupTimeout"

@@ -40,6 +40,8 @@ class PodView:
     resource_version: str = ""
     revision: str = ""
     """The pod template revision it was made from (empty: made before revisions, so outdated)."""
+    node: str = ""
+    """The node it is scheduled on (spec.nodeName; empty until scheduled)."""
 
 
 @dataclass(frozen=True)
@@ -77,14 +79,19 @@ class Observed:
     """The API server's messages for writes of the pool's children that failed (the last attempt of each)."""
     metrics: MetricSamples | None = None
     """The autoscaler's samples; None between its decisions (or when it is off)."""
+    gpu_products: Mapping[str, str] = field(default_factory=dict)
+    """GPU product by node name (the node label nvidia.com/gpu.product), for the nodes of the pool's
+    pods that carry it (`placement`)."""
 
 
 @dataclass(frozen=True)
 class CreatePod:
-    """Create the replica pod with this deterministic name and ordinal."""
+    """Create the replica pod with this deterministic name and ordinal, required onto nodes of
+    ``gpu_product`` when one is pinned (`placement.choose`)."""
 
     name: str
     ordinal: int
+    gpu_product: str = ""
 
 
 @dataclass(frozen=True)
@@ -113,11 +120,16 @@ class SetPublished:
 
 @dataclass(frozen=True)
 class Verify:
-    """Run the probe requests on a new replica and compare with a serving reference (if any)."""
+    """Run the probe requests on a new replica and compare with a serving reference (if any).
+
+    ``context`` names both replicas with their nodes and GPU products (`placement.verification_context`):
+    the verdict's message starts with it, so a mismatch says where each answer came from. It
+    describes the probe and is no part of what the probe is (equality, the shell's expectations)."""
 
     name: str
     uid: str
     reference: str | None
+    context: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)

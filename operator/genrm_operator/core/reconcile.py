@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from genrm_contract.sidecar import DrainState
 
+from ..api.base import format_time
 from ..api.pool import GenRMPoolStatus
 from ..api.status import (
     HISTORY_LIMIT,
@@ -48,6 +49,7 @@ from ..api.status import (
     Reason,
     Victim,
 )
+from . import placement
 from .autoscale import Scaling, autoscale
 from .children import template_revision
 from .childrenplan import CHILD_FAILED
@@ -93,12 +95,55 @@ def ordinal_of(pool: str, name: str) -> int | None:
     return int(tail) if tail.isdigit() else None
 
 
-def create_backoff(history: list[HistoryEntry], now: float) -> float:
-    """Seconds until new pods may be created after consecutive failed operations.
+def failure_detail(r: Replica) -> str:
+    """What a failed replica showed beyond its reason: a mismatch's verification message (both
+    replicas with their nodes and GPU products, and the first answers that differ)."""
+    return r.pod.verification_message if r.failure == Reason.REPLICA_INCONSISTENT else ""
 
-    Exponential like CrashLoopBackOff, so a replica that can never start does not turn into a
-    create/delete loop burning GPU scheduling. It counts the operations that ended for a reason
-    the user must see (`WARNING_OUTCOMES`: a replica, the scheduler or a drain failed them), and
+
+def failure_text(reason: str, detail: str) -> str:
+    """``ReplicaInconsistent: judge-1 on node ...``, or the reason alone when there is no detail."""
+    return f"{reason}: {detail}" if detail else reason
+
+
+@dataclass(frozen=True)
+class BackOff:
+    """Creates held back after consecutive failed operations (`back_off`)."""
+
+    failures: int
+    """Operations in a row that ended for a reason the user must see."""
+    last: HistoryEntry
+    """The newest of them: creates wait from its end."""
+    delay: float
+    """Seconds from its end until creates resume."""
+
+    @property
+    def until(self) -> float:
+        """When creates resume (seconds since the epoch)."""
+        return self.last.finished_at.timestamp() + self.delay
+
+    @property
+    def reason(self) -> Reason:
+        """``VerificationBackOff`` when the last failure was a replica answering differently, else ``BackOff``."""
+        return Reason.VERIFICATION_BACK_OFF if self.last.reason == Reason.REPLICA_INCONSISTENT else Reason.BACK_OFF
+
+    def resumes(self) -> str:
+        """When the next replica is created, and why not before."""
+        return (f"next replica create at {format_time(stamp(self.until))} ({self.delay:g}s back-off "
+                f"after {self.failures} failed operation(s) in a row)")
+
+    def message(self) -> str:
+        """`resumes` and the last failure: what a user waiting on the pool needs."""
+        return f"{self.resumes()}; last: {self.last.id} {self.last.outcome} ({self.last.reason}): {self.last.message}"
+
+
+def back_off(history: list[HistoryEntry]) -> BackOff | None:
+    """The back-off of new pods after consecutive failed operations, or None when none failed.
+
+    Exponential like CrashLoopBackOff, so a replica that can never start, or that keeps answering
+    differently from the serving ones, does not turn into a create/delete loop burning GPU
+    scheduling and model loads. It counts the operations that ended for a reason the user must
+    see (`WARNING_OUTCOMES`: a replica, verification, the scheduler or a drain failed them), and
     waits from the last of them. A success resets the count. A superseded operation is skipped,
     and so is one that ended Partial only because this back-off held its creates (``BackOff``):
     it saw nothing fail, and counting it would let the back-off feed on itself.
@@ -110,9 +155,15 @@ def create_backoff(history: list[HistoryEntry], now: float) -> float:
         if entry.outcome in WARNING_OUTCOMES and entry.reason != Reason.BACK_OFF:
             counted.append(entry)
     if not counted:
-        return 0.0
+        return None
     delay = min(BACKOFF_BASE_SECONDS * 2 ** (len(counted) - 1), BACKOFF_MAX_SECONDS)
-    return max(0.0, counted[0].finished_at.timestamp() + float(delay) - now)
+    return BackOff(failures=len(counted), last=counted[0], delay=float(delay))
+
+
+def create_backoff(history: list[HistoryEntry], now: float) -> float:
+    """Seconds until new pods may be created (`back_off`); 0 when they may be now."""
+    held = back_off(history)
+    return max(0.0, held.until - now) if held is not None else 0.0
 
 
 @dataclass
@@ -143,6 +194,13 @@ class _Step:
         """Why a rollout cannot go on (condition RolloutBlocked), or ''."""
         self.carried: list[AddedPod] = []
         """Unobserved creates of a scale-out that finished this step: still counted, retried if resumed."""
+        self.products = self.obs.gpu_products
+        self.placement = placement.choose(spec, self.replicas, self.products)
+        """The GPU product new replicas are required onto, if any (`placement.choose`)."""
+        pin = self.placement
+        self.misplaced = {r.pod.name for r in self.replicas
+                          if pin is not None and placement.misplaced(r, pin, self.products)}
+        """Never-served replicas on another GPU product than the pin: replaced, never verified."""
 
     # ----- bookkeeping -------------------------------------------------------------------------
 
@@ -252,11 +310,13 @@ class _Step:
             r = self.by_name.get(added.name)
             if r is None:
                 return added
-            return added.evolve(observed=True, failure=added.failure or ("" if added.name in victims else r.failure))
+            if added.failure or added.name in victims or not r.failure:
+                return added.evolve(observed=True)
+            return added.evolve(observed=True, failure=r.failure, failure_message=failure_detail(r))
         self.op = self.op.evolve(added_pods=[noted(a) for a in self.op.added_pods])
 
     def clean_up_outside_operations(self) -> None:
-        """Replace failed replicas, delete drained leftovers, unpublish pods deleted by others."""
+        """Replace failed and misplaced replicas, delete drained leftovers, unpublish pods deleted by others."""
         victims = self.victim_names()
         for r in self.replicas:
             pod = r.pod
@@ -267,6 +327,12 @@ class _Step:
             if r.role is Role.FAILED:
                 self.retire_failed(r)
             elif r.role is Role.DRAINED:
+                self.delete(pod)
+            elif pod.name in self.misplaced and self.placement is not None:
+                # Never served, so it goes at once; the operation's shortfall makes its replacement,
+                # pinned. Retiring it is the operator's choice, no failure: it backs nothing off.
+                self.emit(Reason.REPLICA_MISPLACED, f"Replacing {placement.describe(r, self.products)}: new replicas "
+                          f"go to GPU {self.placement.gpu_product}, the product of {self.placement.replica}'s node")
                 self.delete(pod)
 
     def retire_failed(self, r: Replica) -> None:
@@ -279,7 +345,7 @@ class _Step:
         serving anyone and is deleted directly.
         """
         pod, sidecar = r.pod, r.sidecar
-        self.emit("ReplicaFailed", f"Replacing {pod.name}: {r.failure}", warning=True)
+        self.emit("ReplicaFailed", f"Replacing {pod.name}: {failure_text(r.failure, failure_detail(r))}", warning=True)
         if pod.published:
             self.act(SetPublished(pod.name, pod.uid, False))
         if sidecar is None or not pod.ever_published or (
@@ -314,28 +380,39 @@ class _Step:
     def start(self, type_: OperationType, serving: int) -> None:
         self.op_count += 1
         now = stamp(self.now)
+        added = self.carried if type_ is not OperationType.SCALE_IN else []
+        if type_ is OperationType.SCALE_OUT:
+            added = [*added, *self.adopted({a.name for a in added})]
         self.op = Operation(
             id=f"op-{self.op_count}", type=type_, from_=serving, to=self.desired, phase=Phase.PENDING,
-            started_at=now, last_transition_time=now,
-            added_pods=self.carried if type_ is not OperationType.SCALE_IN else [],
+            started_at=now, last_transition_time=now, added_pods=added,
             revision=self.revision if type_ is OperationType.ROLLOUT else "",
         )
         detail = f" to revision {self.revision}" if type_ is OperationType.ROLLOUT else ""
         self.emit(f"{type_}Started", f"op-{self.op_count} {type_} {serving}->{self.desired}{detail}")
 
+    def adopted(self, known: set[str]) -> list[AddedPod]:
+        """The starting replicas a new scale-out takes over (observed; ``known``: already its own).
+
+        It verifies and publishes them as its own, so it ends on their failures too: a replacement
+        that an earlier operation created and left starting, then failed verification under this
+        one, must count for the back-off (`back_off`) like the replica it replaced."""
+        return [AddedPod(name=r.pod.name, ordinal=ordinal, observed=True) for r in self.role(Role.STARTING)
+                if r.pod.name not in known and (ordinal := ordinal_of(self.obs.name, r.pod.name)) is not None]
+
     def awaits_publication(self, r: Replica) -> bool:
-        """A starting replica whose engine is warm, that is ready and has not failed verification."""
+        """A starting replica whose engine is warm and that is ready."""
         return r.pod.ready and self.verifiable(r)
 
     @staticmethod
     def verifiable(r: Replica) -> bool:
-        """A starting replica whose sidecar reports a warm engine and that has not failed verification.
+        """A starting replica whose sidecar reports a warm engine (one that failed verification is
+        no longer starting: `classify.failure_reason`).
 
         Verification starts on the sidecar's own report, not on the pod's Ready condition, which
         only follows it at the next readiness probe: the probes then overlap that wait."""
         sidecar = r.sidecar
-        return (sidecar is not None and sidecar.state == DrainState.SERVING and sidecar.engine_healthy
-                and r.pod.verification != "failed")
+        return sidecar is not None and sidecar.state == DrainState.SERVING and sidecar.engine_healthy
 
     # ----- scale-out ---------------------------------------------------------------------------
 
@@ -346,24 +423,19 @@ class _Step:
         shortfall -= rescuing
         op = self.retry_creates(op, self.desired)
         room = max(0, self.desired - self.gpu_holders())
-        if min(shortfall, room) > 0 and create_backoff(self.history, self.now) == 0.0:
+        if min(shortfall, room) > 0 and self.may_create(op):
             op = self.create(op, min(shortfall, room))
         releasing = max(0, shortfall - room)  # replicas held back while leaving pods hold GPUs
         verifying = self.publish_or_verify()
 
         failure, failed = self.noted_failures(op)
-        inconsistent = [r for r in self.role(Role.STARTING) if r.pod.verification == "failed"]
-        waiting = [r for r in self.role(Role.STARTING) if r.pod.verification != "failed"]
+        waiting = self.role(Role.STARTING)
         if serving >= op.to:
             self.finish(op, Phase.SUCCEEDED, Reason.TARGET_REACHED, f"{serving} serving replicas")
         elif failure and not self.pending_creates():
             # Not while a replacement's create is unobserved: once this operation is gone nothing
             # would count that pod, and a lagging index would make the next step create another.
             self.finish(op, Phase.PARTIAL, failure, failed)
-        elif inconsistent:
-            detail = "; ".join(f"{r.pod.name}: {r.pod.verification_message}" for r in inconsistent)
-            self.emit(Reason.REPLICA_INCONSISTENT, detail, warning=True)
-            self.finish(op, Phase.PARTIAL, Reason.REPLICA_INCONSISTENT, detail)
         elif waiting and not rescuing and not self.pending_creates() and all(r.pod.unschedulable for r in waiting):
             self.finish(op, Phase.PARTIAL, Reason.UNSCHEDULABLE, waiting[0].pod.unschedulable)
         elif not waiting and not rescuing and not self.pending_creates() and shortfall > 0 and not releasing:
@@ -373,12 +445,24 @@ class _Step:
             waiting_for = f"; {releasing} more once leaving pods release their GPUs" if releasing else ""
             self.op = self.set_phase(op, phase, f"{serving}/{op.to} serving{waiting_for}")
 
+    def may_create(self, op: Operation) -> bool:
+        """Whether the running operation may create pods now.
+
+        Not while the back-off after earlier failed operations runs (`back_off`). A replica of
+        this operation that failed is replaced at once when it is the first failure in a row;
+        after earlier ones its replacement waits for this operation to end Partial and for the
+        longer back-off that counts it, so a replica that keeps failing (answering differently on
+        every attempt, say) is retried ever more slowly, not once per model load."""
+        held = back_off(self.history)
+        return held is None or (held.until <= self.now and not self.noted_failures(op)[0])
+
     @staticmethod
     def noted_failures(op: Operation) -> tuple[str, str]:
         """The reason and detail a Partial gives for the operation's own pods noted failed
         (`note_observed_creates`), or ('', '') when none failed."""
         failed = [a for a in op.added_pods if a.failure]
-        return (failed[0].failure if failed else ""), ", ".join(f"{a.name}: {a.failure}" for a in failed)
+        return (failed[0].failure if failed else ""), ", ".join(
+            f"{a.name}: {failure_text(a.failure, a.failure_message)}" for a in failed)
 
     def retry_creates(self, op: Operation, limit: int) -> Operation:
         """Repeat the creates the pod index has not shown yet (lost or lagging), within ``limit`` pods.
@@ -388,7 +472,7 @@ class _Step:
         pending = self.pending_creates()
         keep = pending[:max(0, limit - (self.gpu_holders() - len(pending)))]
         for added in keep:
-            self.act(CreatePod(added.name, added.ordinal))
+            self.act(CreatePod(added.name, added.ordinal, self.pinned()))
         if len(keep) < len(pending):
             dropped = {a.name for a in pending[len(keep):]}
             op = op.evolve(added_pods=[a for a in op.added_pods if a.name not in dropped])
@@ -411,10 +495,14 @@ class _Step:
         for _ in range(count):
             name = pod_name(self.obs.name, self.next_ordinal)
             added.append(AddedPod(name=name, ordinal=self.next_ordinal))
-            self.act(CreatePod(name, self.next_ordinal))
+            self.act(CreatePod(name, self.next_ordinal, self.pinned()))
             self.next_ordinal += 1
         self.op = op.evolve(added_pods=added)
         return self.op
+
+    def pinned(self) -> str:
+        """The GPU product a pod created now is required onto ('' for none)."""
+        return self.placement.gpu_product if self.placement is not None else ""
 
     def publish_or_verify(self, revision: str | None = None) -> bool:
         """Publish warm, verified replicas (of ``revision`` only, when given); ask for verification of the others.
@@ -425,16 +513,18 @@ class _Step:
         between verification and readiness and returned to Verifying at publication, two status
         writes more, the second one holding the publish back until it landed.
         """
-        reference = min(self.role(Role.SERVING), key=lambda r: r.pod.created_at, default=None)
+        reference = placement.reference(self.replicas)
         verifying = False
         victims = self.victim_names()
         for r in self.role(Role.STARTING):
-            if not self.verifiable(r) or r.pod.name in victims or revision not in (None, r.pod.revision):
+            if not self.verifiable(r) or r.pod.name in victims | self.misplaced or \
+                    revision not in (None, r.pod.revision):
                 continue
             pod = r.pod
             verifying = True
             if pod.verification != "passed" and self.obs.spec.verification.enabled:
-                self.act(Verify(pod.name, pod.uid, reference.pod.name if reference else None))
+                self.act(Verify(pod.name, pod.uid, reference.pod.name if reference else None,
+                                placement.verification_context(r, reference, self.products)))
             elif pod.ready:
                 self.act(SetPublished(pod.name, pod.uid, True))
                 self.emit("ReplicaPublished", f"{pod.name} is serving")
@@ -474,13 +564,13 @@ class _Step:
         op = self.retry_creates(op, self.desired + strategy.max_surge)
         serving, starting, _ = self.counts()
         current = [r for r in self.replicas if r.role in (Role.SERVING, Role.STARTING)
-                   and r.pod.revision == self.revision and r.pod.verification != "failed"]
+                   and r.pod.revision == self.revision]
         waiting = [r for r in current if r.role is Role.STARTING]
         missing = self.desired - len(current) - len(self.pending_creates())
         if paused:
             missing = min(missing, self.desired - serving - starting)  # only lost capacity is restored
         room = max(0, self.desired + strategy.max_surge - self.gpu_holders())
-        if min(missing, room) > 0 and create_backoff(self.history, self.now) == 0.0:
+        if min(missing, room) > 0 and self.may_create(op):
             op = self.create(op, min(missing, room))
         verifying = self.publish_or_verify(self.revision)
         # A surge replica on its way (scheduled, or its create not yet observed) fills the room: not blocked.
@@ -509,20 +599,13 @@ class _Step:
                                 surge_blocked: bool, victim_phases: list[Phase]) -> None:
         """Succeeded once no outdated replica is left; Partial on a failed replacement; else the phase."""
         serving, _, _ = self.counts()
-        added = {a.name for a in op.added_pods}
         failure, failed = self.noted_failures(op)
-        inconsistent = [r for r in self.role(Role.STARTING) if r.pod.verification == "failed"
-                        and r.pod.name in added]
         progress = f"{op.replaced} replaced, {len(old) + len(op.victims)} outdated left, {serving}/{op.to} serving"
         if not old and not op.victims and serving >= op.to and not self.pending_creates():
             self.finish(op, Phase.SUCCEEDED, Reason.TARGET_REACHED,
                         f"{op.replaced} replica(s) replaced; every replica is on revision {self.revision}")
         elif failure and not self.pending_creates():
             self.finish(op, Phase.PARTIAL, failure, failed)
-        elif inconsistent:
-            detail = "; ".join(f"{r.pod.name}: {r.pod.verification_message}" for r in inconsistent)
-            self.emit(Reason.REPLICA_INCONSISTENT, detail, warning=True)
-            self.finish(op, Phase.PARTIAL, Reason.REPLICA_INCONSISTENT, detail)
         else:
             if victim_phases:
                 phase = min(victim_phases, key=VICTIM_PHASES.index)
@@ -640,10 +723,13 @@ class _Step:
             self.op.type is not OperationType.SCALE_OUT else 0
         victims = self.victim_names()
         drained = sum(1 for r in self.role(Role.DRAINED) if r.pod.name not in victims)  # victims are counted above
+        held = back_off(self.history)
+        if held is not None and (held.until <= self.now or serving + starting >= self.desired):
+            held = None  # creates may go, or none is needed: nothing is held back
         conds = [
             self.available(serving),
-            self.progressing(serving, starting, draining),
-            self.degraded(serving, draining + drained + victims_left),
+            self.progressing(serving, starting, draining, held),
+            self.degraded(serving, draining + drained + victims_left, held),
         ]
         if self.op is not None and self.op.type is OperationType.ROLLOUT:
             conds.append(self.condition(ConditionType.ROLLOUT_BLOCKED, bool(self.blocked),
@@ -663,6 +749,7 @@ class _Step:
             next_ordinal=self.next_ordinal,
             conditions=[*conds, *scaling.conditions],
             autoscaler=scaling.status,
+            placement=self.placement,
             operation=self.op,
             operation_count=self.op_count,
             history=self.history,
@@ -681,7 +768,7 @@ class _Step:
                                   f"{serving}/{self.desired} replicas serving")
         return self.condition(ConditionType.AVAILABLE, False, Reason.NO_SERVING_REPLICAS, "no replica is serving")
 
-    def progressing(self, serving: int, starting: int, draining: int) -> Condition:
+    def progressing(self, serving: int, starting: int, draining: int, held: BackOff | None) -> Condition:
         op = self.op
         if op is not None:
             if op.phase is Phase.PAUSED:
@@ -691,22 +778,28 @@ class _Step:
                                   f"{op.id} {op.phase}: {op.message}")
         if serving == self.desired and starting == 0 and draining == 0:
             return self.condition(ConditionType.PROGRESSING, False, Reason.AT_TARGET, f"{serving} replicas serving")
+        if held is not None:
+            return self.condition(ConditionType.PROGRESSING, False, held.reason,
+                                  f"{serving}/{self.desired} serving; {starting} starting; {held.resumes()}")
         last = self.history[-1] if self.history else None
         reason = last.reason if last is not None and last.outcome in WARNING_OUTCOMES else ""
         return self.condition(ConditionType.PROGRESSING, False, reason or Reason.WAITING,
                               f"{serving}/{self.desired} serving; {starting} starting")
 
-    def degraded(self, serving: int, surplus: int) -> Condition:
-        inconsistent = [r.pod.name for r in self.role(Role.STARTING) if r.pod.verification == "failed"]
-        failed = [r.pod.name for r in self.role(Role.FAILED)]
+    def degraded(self, serving: int, surplus: int, held: BackOff | None) -> Condition:
+        """Degraded while a replica failed, creates back off after failures (`back_off`, with when
+        they resume), or the last operation fell short; False otherwise."""
+        failed = self.role(Role.FAILED)
         last = self.history[-1] if self.history else None
         if self.obs.child_errors:
             return self.condition(ConditionType.DEGRADED, True, CHILD_FAILED, "; ".join(self.obs.child_errors))
-        if inconsistent:
-            return self.condition(ConditionType.DEGRADED, True, Reason.REPLICA_INCONSISTENT,
-                                  f"answers differ from the serving replicas: {', '.join(inconsistent)}")
         if failed:
-            return self.condition(ConditionType.DEGRADED, True, Reason.REPLICA_FAILED, ", ".join(failed))
+            inconsistent = all(r.failure == Reason.REPLICA_INCONSISTENT for r in failed)
+            detail = "; ".join(f"{r.pod.name}: {failure_text(r.failure, failure_detail(r))}" for r in failed)
+            return self.condition(ConditionType.DEGRADED, True,
+                                  Reason.REPLICA_INCONSISTENT if inconsistent else Reason.REPLICA_FAILED, detail)
+        if held is not None:
+            return self.condition(ConditionType.DEGRADED, True, held.reason, held.message())
         if last is not None and last.outcome in WARNING_OUTCOMES and (serving != self.desired or surplus):
             return self.condition(ConditionType.DEGRADED, True, last.reason or Reason.OPERATION_FAILED, last.message)
         return self.condition(ConditionType.DEGRADED, False, Reason.AS_EXPECTED, "")

@@ -15,6 +15,7 @@ import kopf
 
 from ..core.model import Event
 from ..core.names import GROUP, PLURAL, POOL_LABEL, VERSION
+from ..core.placement import GPU_PRODUCT_LABEL
 from . import metrics
 from .kube import Kube, Manifest, load_config
 from .reconciler import PoolReconciler
@@ -25,6 +26,7 @@ RECONCILERS: dict[tuple[str, str], PoolReconciler] = {}
 CHILD_RESOURCES = [("", "v1", "pods"), ("", "v1", "services"), ("", "v1", "secrets"),
                    ("policy", "v1", "poddisruptionbudgets")]
 """(group, version, plural) of the children the operator watches."""
+NODES = ("", "v1", "nodes")
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -61,6 +63,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # every pod and Secret in scope to the operator. Children carry the pool label; ask for it there.
     for resource in CHILD_RESOURCES:
         settings.watching.label_selectors[resource] = POOL_LABEL
+    # Only nodes GPU feature discovery labelled matter to placement: the others are never streamed.
+    settings.watching.label_selectors[NODES] = GPU_PRODUCT_LABEL
     load_config()
     memo.kube = Kube()
     memo.sidecars = SidecarClient()
@@ -90,8 +94,15 @@ async def pods_by_pool(namespace: str | None, labels: Mapping[str, str], body: k
                        **_: Any) -> dict[tuple[str, str], Manifest]:
     """The pods of each pool, kept current by the pod watch (metadata and status only)."""
     return {(namespace or "default", labels[POOL_LABEL]): {
-        "metadata": _metadata(body), "status": dict(body.get("status") or {}),
+        "metadata": _metadata(body), "spec": {"nodeName": (body.get("spec") or {}).get("nodeName")},
+        "status": dict(body.get("status") or {}),
     }}
+
+
+@kopf.index(*NODES, labels={GPU_PRODUCT_LABEL: kopf.PRESENT})
+async def gpu_products(name: str, labels: Mapping[str, str], **_: Any) -> dict[str, str]:
+    """Each labelled node's GPU product (GPU feature discovery's nvidia.com/gpu.product), for placement."""
+    return {name: labels[GPU_PRODUCT_LABEL]}
 
 
 def _child_entry(kind: str, namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
@@ -135,13 +146,17 @@ async def reconcile_pool(name: str, namespace: str | None, memo: kopf.Memo, stop
     def children() -> list[Manifest]:
         return [*indexed("secrets_by_pool"), *indexed("services_by_pool"), *indexed("pdbs_by_pool")]
 
+    def products(nodes: Iterable[str]) -> dict[str, str]:
+        index = cast(kopf.Index[str, str], kwargs["gpu_products"])
+        return {node: next(iter(index[node])) for node in nodes if node in index}
+
     def watched() -> Manifest:
         # A daemon's body is kopf's live view: each watch event swaps in the new object whole, so
         # a shallow copy is one consistent version.
         return dict(body)
 
     reconciler = PoolReconciler(memo.kube, memo.sidecars, post_event, ns, name,
-                                lambda: indexed("pods_by_pool"), children, watched)
+                                lambda: indexed("pods_by_pool"), children, watched, products)
     RECONCILERS[(ns, name)] = reconciler
     try:
         await reconciler.run(lambda: bool(stopped))

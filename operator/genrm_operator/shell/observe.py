@@ -47,6 +47,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         restarts=sum(int(c.get("restartCount", 0)) for c in status.get("containerStatuses") or []),
         resource_version=meta.get("resourceVersion", ""),
         revision=labels.get(REVISION_LABEL, ""),
+        node=str((pod.get("spec") or {}).get("nodeName") or ""),
     )
 
 

@@ -19,7 +19,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from genrm_contract.sidecar import DrainRequest, Phase, StateDocument, UndrainRequest
 from kubernetes.client.exceptions import ApiException
@@ -88,15 +88,23 @@ PoolSource = Callable[[], Manifest | None]
 """The pool as the watch last showed it (the kopf daemon's live body): no GET per step."""
 ChildSource = Callable[[], list[Manifest]]
 """The pool's Secret, Service and PodDisruptionBudget as the watches last showed them (kopf indexes)."""
+ProductSource = Callable[[Iterable[str]], Mapping[str, str]]
+"""The GPU products of these nodes, for those the node watch shows labelled (kopf index): placement."""
+
+
+def no_products(nodes: Iterable[str]) -> Mapping[str, str]:
+    """No node is labelled: placement pins nothing (a reconciler without a node watch)."""
+    return {}
 
 
 class PoolReconciler:
     """Reconciles one pool until its daemon is stopped."""
 
     def __init__(self, kube: Kube, sidecars: SidecarClient, post_event: EventPoster,
-                 namespace: str, name: str, pods: PodSource, children: ChildSource, watched: PoolSource) -> None:
+                 namespace: str, name: str, pods: PodSource, children: ChildSource, watched: PoolSource,
+                 products: ProductSource = no_products) -> None:
         self.kube, self.sidecars, self.post_event, self.pods = kube, sidecars, post_event, pods
-        self.children, self.watched = children, watched
+        self.children, self.watched, self.products = children, watched, products
         self._written: Manifest | None = None
         """The pool as this process's last status write left it (the API server's answer)."""
         self._refresh = True
@@ -231,6 +239,7 @@ class PoolReconciler:
             name=self.name, generation=int(meta.get("generation", 0)), spec=spec, status=status,
             pods=views, sidecars=await self.watch.views(endpoints), now=time.time(),
             child_errors=child_errors, metrics=await self.autoscaler.sample(spec.autoscaling, published, endpoints),
+            gpu_products=self.products({v.node for v in views if v.node}),
         )
         plan = reconcile(observed)
         self.balancer.follow({n: endpoints[n] for n in published if n in endpoints}, self.watch.documents())
@@ -373,8 +382,8 @@ class PoolReconciler:
             return
         try:
             match action:
-                case CreatePod(name=name, ordinal=ordinal):
-                    await self.kube.create(children.pod_manifest(self.name, pool_uid, ns, spec, name, ordinal))
+                case CreatePod(name=name, ordinal=ordinal, gpu_product=product):
+                    await self.kube.create(children.pod_manifest(self.name, pool_uid, ns, spec, name, ordinal, product))
                 case DeletePod(name=name, uid=uid, grace_seconds=grace, resource_version=rv):
                     await self.kube.delete_pod(ns, name, uid, grace, rv)
                 case SetPublished(name=name, uid=uid, published=published):
@@ -386,10 +395,10 @@ class PoolReconciler:
                         drain_id=drain_id, phase=Phase(phase), quiet_seconds=spec.drain.quiet_seconds)))
                 case Undrain(name=name, drain_id=drain_id) if name in endpoints:
                     self.reported(name, await self.sidecars.undrain(endpoints[name], UndrainRequest(drain_id=drain_id)))
-                case Verify(name=name, uid=uid, reference=reference) if name in endpoints and (
+                case Verify(name=name, uid=uid, reference=reference, context=context) if name in endpoints and (
                         reference is None or reference in endpoints):
                     await self.verify(spec, name, uid, endpoints[name],
-                                      endpoints.get(reference) if reference else None)
+                                      endpoints.get(reference) if reference else None, context)
                 case _:
                     log.debug("skipped %s: no endpoint yet (retried next step)", action)
                     return
@@ -406,8 +415,9 @@ class PoolReconciler:
             self.watch.offer(name, document)
 
     async def verify(self, spec: GenRMPoolSpec, name: str, uid: str, candidate: Endpoint,
-                     reference: Endpoint | None) -> None:
-        """Probe the new replica (and the reference) and record the verdict on the pod."""
+                     reference: Endpoint | None, context: str) -> None:
+        """Probe the new replica (and the reference) and record the verdict on the pod, after
+        ``context`` (both replicas' nodes and GPU products)."""
         if reference is None:
             mine, theirs = await self.sidecars.answers(candidate, spec.verification), None
         else:
@@ -418,7 +428,7 @@ class PoolReconciler:
             metrics.VERIFICATION_FAILURES.labels(self.namespace, self.name).inc()
         await self.kube.patch_pod_meta(self.namespace, name, uid, {}, {
             VERIFICATION_ANNOTATION: "passed" if passed else "failed",
-            VERIFICATION_MESSAGE_ANNOTATION: message,
+            VERIFICATION_MESSAGE_ANNOTATION: f"{context}: {message}" if context else message,
         })
 
 
