@@ -36,6 +36,8 @@ OPERATOR_RULES: dict[tuple[str, str], set[str]] = {
     ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "events"): {"create"},
 }
+NODE_RULES: dict[tuple[str, str], set[str]] = {("", "nodes"): {"list", "watch"}}
+"""The node watch (GPU products for placement): cluster-scoped, so a ClusterRole in every install."""
 
 
 def granted(role: Manifest) -> dict[tuple[str, str], set[str]]:
@@ -130,7 +132,7 @@ def test_operator_role_is_exactly_what_the_operator_calls(render: Render) -> Non
     manifests = render()
     role = find(manifests, "ClusterRole", "genrm-operator")
     assert granted(role) == OPERATOR_RULES
-    binding = find(manifests, "ClusterRoleBinding")
+    binding = find(manifests, "ClusterRoleBinding", "genrm-operator")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                                   "name": role["metadata"]["name"]}
     account = find(manifests, "ServiceAccount")
@@ -139,9 +141,22 @@ def test_operator_role_is_exactly_what_the_operator_calls(render: Render) -> Non
     assert "--namespace" not in " ".join(operator_container(manifests)["args"])
 
 
+@pytest.mark.parametrize("values", [None, NAMESPACED], ids=lambda v: v.name if v else "default")
+def test_the_operator_may_list_and_watch_nodes_and_nothing_more_about_them(render: Render,
+                                                                           values: Path | None) -> None:
+    manifests = render(*([values] if values else []))
+    role = find(manifests, "ClusterRole", "genrm-operator-nodes")
+    assert granted(role) == NODE_RULES
+    binding = find(manifests, "ClusterRoleBinding", "-nodes")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    account = find(manifests, "ServiceAccount")["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": "genrm-system"}]
+
+
 def test_single_namespace_mode_uses_a_role(render: Render) -> None:
     manifests = render(NAMESPACED)
-    assert not [m for m in manifests if m["kind"].startswith("Cluster")]
+    cluster_wide = [m["metadata"]["name"] for m in manifests if m["kind"].startswith("Cluster")]
+    assert all(name.endswith("-nodes") for name in cluster_wide), "only the node reader is cluster-wide"
     role, binding = find(manifests, "Role"), find(manifests, "RoleBinding")
     assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "judges"
     assert granted(role) == OPERATOR_RULES
