@@ -196,6 +196,8 @@ class GatewayProtocol(HttpToolsProtocol):
         self._trailing = False  # after a chunk's size line, before its data: a trailer when the size was 0
         self._trailer_dropped = False
         self._header_count = 0
+        self._hosts = 0
+        self._codings: list[bytes] = []
         self._head_size = 0  # request line and fields as parsed (complete heads)
         self._head_timer: asyncio.TimerHandle | None = None
         self._refusal: tuple[int, str, str] | None = None
@@ -288,7 +290,8 @@ class GatewayProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._idle_since = None
-        self._header_count = self._head_size = 0
+        self._header_count = self._head_size = self._hosts = 0
+        self._codings = []
         self._trailer_dropped = False
         self._arm_head_timer()
 
@@ -306,6 +309,11 @@ class GatewayProtocol(HttpToolsProtocol):
             self._refusal = (431, "headTooLarge", f"the request head exceeds {self._limits.max_head_bytes} bytes")
             raise _HeadRefused
         if self._reading_head:
+            lowered = name.lower()
+            if lowered == b"host":
+                self._hosts += 1
+            elif lowered == b"transfer-encoding":
+                self._codings.append(value)
             super().on_header(name, value)
         elif not self._trailer_dropped:
             # A field of a chunked body's trailer: uvicorn would add it to the request's headers,
@@ -334,6 +342,16 @@ class GatewayProtocol(HttpToolsProtocol):
         self._cancel_head_timer()
         if self.parser.should_upgrade():  # refused before the app ever sees the request
             self._refusal = (400, "badRequest", "protocol upgrades are not supported")
+            raise _HeadRefused
+        if self._hosts > 1 or (self._hosts == 0 and self.parser.get_http_version() != "1.0"):
+            # RFC 9112 §3.2: an HTTP/1.1 request needs exactly one Host (llhttp does not check;
+            # h11, which the gateway's parsing is held to, refuses it).
+            self._refusal = (400, "badHost", "an HTTP/1.1 request needs exactly one Host header")
+            raise _HeadRefused
+        if self._codings and b",".join(self._codings).strip().lower() != b"chunked":
+            # RFC 9112 §6.3: with any other coding the body's end is unknown; llhttp lets some
+            # through (a GET with "gzip" alone), h11 refuses them all, and so does the gateway.
+            self._refusal = (400, "badTransferEncoding", "the only transfer coding accepted is chunked, alone")
             raise _HeadRefused
         if len(self.pipeline) >= MAX_PIPELINED:
             # Refused after the earlier answers, and parsing stops here: httptools has no way to

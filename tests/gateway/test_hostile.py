@@ -14,9 +14,11 @@ import json
 import re
 import socket
 import time
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import h11
 import httpx
 import pytest
 from conftest import AUTH, Gateway, gateway_process
@@ -239,6 +241,12 @@ CORPUS: list[tuple[str, bytes, set[int]]] = [
     ("control API on the traffic port", b"GET /v1/state HTTP/1.1\r\nhost: j\r\nauthorization: Bearer x\r\n\r\n",
      {404}),
     ("engine metrics on the traffic port", b"GET /metrics HTTP/1.1\r\nhost: j\r\n\r\n", {403}),
+    # Found by the differential against h11 below: llhttp reads these, RFC 9112 refuses them.
+    ("HTTP/1.1 without host", b"GET /v1/models HTTP/1.1\r\n\r\n", {400}),
+    ("two hosts", b"GET /v1/models HTTP/1.1\r\nhost: j\r\nhost: k\r\n\r\n", {400}),
+    ("TE gzip alone", b"GET /v1/models HTTP/1.1\r\nhost: j\r\ntransfer-encoding: gzip\r\n\r\n", {400}),
+    ("TE gzip, chunked", b"POST /generate HTTP/1.1\r\nhost: j\r\ntransfer-encoding: gzip, chunked\r\n\r\n"
+     + chunked(VALID), {400}),
 ]
 
 
@@ -422,3 +430,100 @@ def test_fuzzed_idle_bytes_never_keep_a_connection_past_its_timeouts(
         assert all(int(code) < 500 for code in STATUS.findall(received)), (first, idle, received[:200])
     settle(target)
     assert target.gateway.process.poll() is None
+
+
+# --- differential: what the gateway forwards is what h11 reads in the same bytes ---
+
+
+def h11_reading(raw: bytes) -> list[tuple[str, str, bytes]]:
+    """The complete requests h11, as a server, reads in ``raw`` followed by the client's close:
+    method, path (percent-decoded, without the query, as ASGI gives it) and body, in order, up to
+    the first bytes it refuses."""
+    connection = h11.Connection(h11.SERVER)
+    connection.receive_data(raw)
+    connection.receive_data(b"")
+    requests: list[tuple[str, str, bytes]] = []
+    head: h11.Request | None = None
+    body = b""
+    while True:
+        try:
+            event = connection.next_event()
+        except h11.RemoteProtocolError:
+            return requests
+        if isinstance(event, h11.Request):
+            head, body = event, b""
+        elif isinstance(event, h11.Data):
+            body += event.data
+        elif isinstance(event, h11.EndOfMessage) and head is not None:
+            path = urllib.parse.unquote(urllib.parse.urlsplit(head.target.decode("latin-1")).path)
+            requests.append((head.method.decode(), path, body))
+            connection.send(h11.Response(status_code=404, headers=[("content-length", "0")]))  # no protocol switch
+            connection.send(h11.EndOfMessage())
+            try:
+                connection.start_next_cycle()
+            except h11.LocalProtocolError:  # the request asked to close the connection
+                return requests
+        else:  # NEED_DATA, ConnectionClosed, PAUSED: nothing more can be read
+            return requests
+
+
+def without_rid(body: bytes) -> object:
+    document = json.loads(body)
+    if isinstance(document, dict):
+        document.pop("rid", None)
+    return document
+
+
+def _differential_once(target: Target, raw: bytes) -> None:
+    mark = len(target.spy.seen)
+    exchange(target.gateway.port, raw, half_close=True)
+    settle(target)
+    forwarded = [seen for seen in target.spy.since(mark) if seen.target != "/abort_request"]
+    reading = iter(h11_reading(raw))
+    for seen in forwarded:
+        # Each forwarded request is one h11 also read, in the same order (the gateway may refuse
+        # some that h11 reads, never forward one that h11 does not); the body is the client's,
+        # but for the rid the gateway writes.
+        match = next((read for read in reading if read[:2] == (seen.method, seen.target)), None)
+        assert match is not None, (raw[:300], seen)
+        if seen.method == "POST":
+            assert without_rid(seen.body) == without_rid(match[2]), (raw[:300], seen.body, match[2])
+
+
+_near_framings = st.sampled_from(["length", "chunked", "both", "length twice", "none"])
+_near_headers = st.lists(st.sampled_from([
+    b"connection: close", b"connection: keep-alive", b"expect: 100-continue", b"x-request-id: ok-1",
+    b"content-type: application/json", b"accept: */*", b"te: trailers", b"upgrade: h2c", b"transfer-encoding: gzip",
+    b"x-pad:" + b" " * 40, b"x-tab:\tv", b"x-obs:\x80", b" x-space: 1", b"x-empty:"]), max_size=3)
+
+
+@st.composite
+def near_valid_requests(draw: st.DrawFn) -> bytes:
+    """Requests a judge client would send, each with at most a few hostile variations: the
+    differential needs many requests that both parsers read, not only refusals."""
+    body = json.dumps({"text": draw(st.text(max_size=12)), "sampling_params": {"max_new_tokens": 4}}).encode()
+    method, path = draw(st.sampled_from([(b"POST", b"/generate"), (b"POST", b"/v1/chat/completions"),
+                                         (b"GET", b"/v1/models"), (b"POST", b"/gener%61te"),
+                                         (b"POST", b"/generate?x=1"), (b"POST", b"/nope")]))
+    framing = draw(_near_framings) if method == b"POST" else "none"
+    headers = [b"host: judge", *draw(_near_headers)]
+    if framing in ("length", "both", "length twice"):
+        headers.append(b"content-length: %d" % len(body))
+    if framing == "length twice":
+        headers.append(b"content-length: %d" % len(body))
+    if framing in ("chunked", "both"):
+        headers.append(b"transfer-encoding: chunked")
+    content = chunked(body) if framing in ("chunked", "both") else body if framing != "none" else b""
+    eol = draw(st.sampled_from([b"\r\n"] * 6 + [b"\n"]))
+    return eol.join([method + b" " + path + b" HTTP/1.1", *headers]) + eol + eol + content
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(raws=st.lists(st.one_of(near_valid_requests(), raw_requests()), min_size=1, max_size=5))
+def test_the_gateway_forwards_only_what_h11_reads_in_the_same_bytes(target: Target, raws: list[bytes]) -> None:
+    _differential_once(target, b"".join(raws))
+
+
+@pytest.mark.parametrize("name, raw", [(name, raw) for name, raw, _ in CORPUS])
+def test_the_attack_corpus_forwards_only_what_h11_reads(target: Target, name: str, raw: bytes) -> None:
+    _differential_once(target, raw)
