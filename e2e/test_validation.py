@@ -4,7 +4,9 @@ Aspects: negative replicas, minReplicas > maxReplicas, changing an immutable
 field, an unknown field, a wrong type; what the pool's children would be refused
 for: invalid label keys and values in the template and nodeSelector, an env entry
 without a name, a malformed resource quantity, a pool name too long for its
-children's labels or not a DNS-1035 label (its Service's name).
+children's labels or not a DNS-1035 label (its Service's name); an API key in the engine's
+arguments (any spelling SGLang reads as --api-key or --admin-api-key), refused with a pointer to
+spec.engine.apiKey, and a --config of one's own beside apiKey.
 """
 
 from __future__ import annotations
@@ -58,6 +60,21 @@ def test_an_unknown_field_is_rejected(cluster: Cluster, namespace: str) -> None:
 def test_a_wrong_type_is_rejected(cluster: Cluster, namespace: str) -> None:
     error = cluster.kubectl_fails("apply", "-f", "-", input=_with(namespace, replicas="three"))
     assert "spec.replicas" in error
+
+
+def test_a_key_in_the_engines_arguments_is_refused_with_a_pointer_to_api_key(cluster: Cluster, namespace: str) -> None:
+    def applied(**engine: object) -> str:
+        return cluster.kubectl("apply", "--dry-run=server", "-f", "-", check=False,
+                               input=pool_manifest("bad", namespace, engine=engine))
+
+    for field, args in (("extraArgs", ["--api-key", "s3cret"]), ("extraArgs", ["--api-k=s3cret"]),
+                        ("args", ["--model-path", "m", "--admin-api-key", "s3cret"])):
+        error = applied(**{field: args})
+        assert f"spec.engine.{field}" in error and "spec.engine.apiKey" in error, error
+    key = {"secretKeyRef": {"name": "judge-key", "key": "apiKey"}}
+    assert "reads one only" in applied(apiKey=key, extraArgs=["--config", "/etc/sglang.yaml"])
+    for fine in ({"extraArgs": ["--config", "/etc/sglang.yaml"]}, {"apiKey": key, "extraArgs": ["--apikey"]}):
+        assert "created (server dry run)" in applied(**fine), fine
 
 
 @pytest.mark.parametrize(("spec", "field"), [

@@ -18,9 +18,10 @@ pod IP that speaks the drain protocol of `genrm_contract.sidecar`. So:
   ``/metrics``) with the gateway's drain state machine: Serving -> SoftDrain -> Fenced -> Drained
   once fenced and idle for the quiet period (a fence without a soft drain first soft-drains for
   the propagation window, as the gateway does); requests complete at once, so in-flight is 0.
-  The traffic port answers ``/model_info`` and the operator's verification probes
-  (``/generate``, ``/classify``) with answers that depend only on the prompt and the sampling
-  seed, so every replica of a pool agrees; refused with 503 ``draining`` once fenced.
+  The traffic port answers ``/model_info``, ``/generate`` and ``/classify`` (and the control port
+  the same under ``PROBE_PREFIX``, the operator's verification probes) with answers that depend
+  only on the prompt and the sampling seed, so every replica of a pool agrees; refused with 503
+  ``draining`` once fenced.
 * Readiness: the agent asks the server for every replica's readiness once per probe period
   (one request for all) and reports a pod's Ready condition when it changes, so a draining
   replica goes unready as a real one does. On deletion the pod's address is removed and the
@@ -60,6 +61,7 @@ from genrm_contract.sidecar import (
     LIVE_PATH,
     MAX_WAIT_SECONDS,
     METRICS_PATH,
+    PROBE_PREFIX,
     PROPAGATION_SECONDS,
     QUIET_SECONDS,
     READY_PATH,
@@ -288,11 +290,14 @@ class HollowServer:
                      f"{Series.ENGINE_RUNNING} 0", f"{Series.ENGINE_QUEUED} 0", f"{Series.ENGINE_KV_CACHE} 0",
                      *(f'{Series.DRAIN_STATE}{{state="{s.value}"}} {int(s is state)}' for s in DrainState)]
             return 200, ("\n".join(lines) + "\n").encode(), {"content-type": "text/plain; version=0.0.4"}
-        if path not in (STATE_PATH, DRAIN_PATH, UNDRAIN_PATH):
+        probe = path.startswith(PROBE_PREFIX + "/")
+        if not probe and path not in (STATE_PATH, DRAIN_PATH, UNDRAIN_PATH):
             return _refuse(404, "notFound", "not found")
         scheme, _, token = headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             return _refuse(401, "unauthenticated", "a bearer token is required")
+        if probe:
+            return self.traffic(replica, method, path[len(PROBE_PREFIX):], body, now)
         if path == STATE_PATH and method == "GET":
             return _json(200, replica.document(now))
         if method != "POST":

@@ -1,23 +1,31 @@
 """The operator against SGLang's contract: the engine command lines it renders (examples included)
-start on SGLang, the images are the pinned release, and its verification probes work on engines as
-strict as SGLang, for generative judges and reward models alike."""
+start on SGLang, a key-protected pool's engine reads its key from its --config file and every
+spelling SGLang reads as a key flag is refused in its arguments, the images are the pinned release,
+and its verification probes (through each replica's gateway) work on engines as strict as SGLang,
+for generative judges, reward models and key-protected engines alike."""
 
 from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from genrm_contract.sidecar import ENGINE_CONFIG_FILE, ENGINE_KEY_FILE
+from genrm_gateway.apikey import write_engine_files
 from genrm_operator.api.pool import GenRMPoolSpec
-from genrm_operator.api.spec import SGLANG_IMAGE_TAG, ProbeRequest, VerificationSpec
+from genrm_operator.api.spec import KEY_FLAGS, KEY_SPELLINGS, SGLANG_IMAGE_TAG, ProbeRequest, VerificationSpec
 from genrm_operator.core import children
 from genrm_operator.shell.sidecar import Endpoint, SidecarClient, compare
 from genrm_sim import cli
 from genrm_sim.contract import Contract
-from genrm_testing import run_sim
+from genrm_testing import CONTROL_TOKEN, run_gateway, run_sim
+
+DET = "--enable-deterministic-inference"
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -50,6 +58,32 @@ def test_the_pod_builders_engine_command_line_starts_on_sglang(wire: dict[str, A
     container = engine_container(spec)
     assert container["command"] == ["python3", "-m", "sglang.launch_server"]
     assert_sglang_starts(container["args"], sglang)
+
+
+def test_a_key_protected_pools_engine_reads_its_key_from_the_config_file(tmp_path: Path, sglang: Contract) -> None:
+    spec = GenRMPoolSpec.model_validate({"model": {"path": "org/judge"},
+                                         "engine": {"apiKey": {"secretKeyRef": {"name": "judge", "key": "apiKey"}}}})
+    args = engine_container(spec)["args"]
+    write_engine_files(tmp_path, "k-1")  # what the pod's init container writes at ENGINE_CONFIG_PATH
+    local = [str(tmp_path / ENGINE_CONFIG_FILE) if arg == children.ENGINE_CONFIG_PATH else arg for arg in args]
+    assert local != args and not any("k-1" in arg for arg in args)
+    assert_sglang_starts(local, sglang)
+    assert cli.parse_config(local).api_key == "k-1"
+
+
+def test_the_refused_key_spellings_are_every_one_sglang_reads_as_a_key_flag() -> None:
+    """SGLang's parser takes abbreviations (``--api-k``), so the CRD refuses each of them."""
+    parser = cli.build_parser()
+    read_as_key = set()
+    for flag in KEY_FLAGS:
+        for end in range(3, len(flag) + 1):
+            try:
+                args, _ = parser.parse_known_args(["--model-path", "m", flag[:end], "x"])
+            except SystemExit:  # ambiguous
+                continue
+            if getattr(args, flag[2:].replace("-", "_"), None) == "x":
+                read_as_key.add(flag[:end])
+    assert read_as_key == set(KEY_SPELLINGS)
 
 
 def test_an_extra_arg_sglang_would_refuse_is_caught(sglang: Contract) -> None:
@@ -99,33 +133,44 @@ def probe(endpoint: Endpoint, verification: VerificationSpec) -> list[str]:
     return asyncio.run(run())
 
 
-def endpoint(port: int) -> Endpoint:
-    return Endpoint("127.0.0.1", port, 0, "")
+@contextmanager
+def replica(*sim_args: str, gateway_args: tuple[str, ...] = ()) -> Iterator[Endpoint]:
+    """A simulated replica as the operator reaches it: its gateway's control port, with the pool's token."""
+    with run_sim(*sim_args, ready_path=None) as sim, run_gateway(sim.url, *gateway_args) as gateway:
+        yield Endpoint("127.0.0.1", gateway.control_port, CONTROL_TOKEN)
 
 
 def test_probes_agree_across_deterministic_judges_and_overlapping_verifications_do_not_collide() -> None:
     spec = VerificationSpec()
-    with run_sim("--enable-deterministic-inference", "--random-seed", "1", "--sim-ttft-ms", "200") as a, \
-            run_sim("--enable-deterministic-inference", "--random-seed", "2") as b, \
-            run_sim("--enable-deterministic-inference", "--sim-perturb") as perturbed:
+    with replica(DET, "--random-seed", "1", "--sim-ttft-ms", "200") as a, replica(DET, "--random-seed", "2") as b, \
+            replica(DET, "--sim-perturb") as perturbed:
         async def overlapping() -> list[list[str]]:
             client = SidecarClient()
             try:
-                return list(await asyncio.gather(*(client.answers(endpoint(a.port), spec) for _ in range(3))))
+                return list(await asyncio.gather(*(client.answers(a, spec) for _ in range(3))))
             finally:
                 await client.close()
         answers = asyncio.run(overlapping())
         assert answers[0] == answers[1] == answers[2]
-        assert compare(probe(endpoint(b.port), spec), answers[0])[0]
-        assert not compare(probe(endpoint(perturbed.port), spec), answers[0])[0]
+        assert compare(probe(b, spec), answers[0])[0]
+        assert not compare(probe(perturbed, spec), answers[0])[0]
 
 
 def test_reward_model_pools_are_verified_by_their_scores() -> None:
     spec = VerificationSpec(requests=[ProbeRequest(prompt="2+2=4"), ProbeRequest(prompt="2+2=5")])
-    with run_sim("--sim-classifier", "--enable-deterministic-inference") as a, \
-            run_sim("--sim-classifier", "--enable-deterministic-inference") as b, \
-            run_sim("--sim-classifier", "--enable-deterministic-inference", "--sim-perturb") as perturbed:
-        scores = probe(endpoint(a.port), spec)
+    with replica("--sim-classifier", DET) as a, replica("--sim-classifier", DET) as b, \
+            replica("--sim-classifier", DET, "--sim-perturb") as perturbed:
+        scores = probe(a, spec)
         assert len(scores) == 2 and all(isinstance(float(s.strip("[]")), float) for s in scores)
-        assert compare(probe(endpoint(b.port), spec), scores) == (True, "2 probes identical to the reference")
-        assert not compare(probe(endpoint(perturbed.port), spec), scores)[0]
+        assert compare(probe(b, spec), scores) == (True, "2 probes identical to the reference")
+        assert not compare(probe(perturbed, spec), scores)[0]
+
+
+def test_a_key_protected_replica_is_verified_without_the_operator_holding_its_key(tmp_path: Path) -> None:
+    """The probes carry the control token only; the gateway adds the engine's key."""
+    write_engine_files(tmp_path, "judge-key")
+    spec = VerificationSpec()
+    with replica(DET, "--config", str(tmp_path / ENGINE_CONFIG_FILE),
+                 gateway_args=("--engine-api-key-file", str(tmp_path / ENGINE_KEY_FILE))) as keyed, \
+            replica(DET) as plain:
+        assert compare(probe(keyed, spec), probe(plain, spec))[0]

@@ -9,6 +9,9 @@ Aspects under test:
   per-client limits as gateway flags whose defaults are the gateway's own, and a
   terminationGracePeriodSeconds that covers propagation plus the drain timeout;
 - the control token comes from the pool's Secret, never inline;
+- a key-protected engine (spec.engine.apiKey): an init container of the gateway image writes the
+  key from its Secret reference into a memory-backed volume, the engine reads it with --config and
+  the gateway from its key file; the key is in no argument and no env value, only referenced;
 - owner references (controller), labels (pool, ordinal, published=false), template settings;
 - the Service selects only published replicas of its pool; the Secret and the PDB.
 """
@@ -23,10 +26,11 @@ import threading
 from typing import Any
 
 import pytest
+from genrm_contract.sidecar import ENGINE_CONFIG_FILE, ENGINE_KEY_ENV, ENGINE_KEY_FILE
 from genrm_gateway import cli as gateway_cli
 from genrm_gateway.config import Limits
 from genrm_operator.api.pool import GenRMPoolSpec
-from genrm_operator.api.spec import GatewayLimits
+from genrm_operator.api.spec import KEY_SPELLINGS, GatewayLimits
 from genrm_operator.core import children
 from genrm_operator.core.names import ORDINAL_LABEL, POOL_LABEL, PUBLISHED_LABEL, secret_name
 
@@ -176,6 +180,39 @@ def test_the_control_token_comes_from_the_pools_secret() -> None:
         assert env["GENRM_CONTROL_TOKEN"]["valueFrom"] == {
             "secretKeyRef": {"name": secret_name("judge"), "key": "token"}}
         assert "value" not in env["GENRM_CONTROL_TOKEN"]
+
+
+KEY_REF = {"secretKeyRef": {"name": "judge-key", "key": "apiKey"}}
+
+
+def test_a_key_protected_engine_gets_its_key_from_its_secret_and_on_no_command_line() -> None:
+    manifest = pod(make_spec(engine={"apiKey": KEY_REF}, gateway={"image": "gw:1"}))
+    pod_spec = manifest["spec"]
+    [init] = pod_spec["initContainers"]
+    assert (init["image"], init["command"]) == ("gw:1", ["genrm-gateway", "engine-key"])
+    assert init["env"] == [{"name": ENGINE_KEY_ENV, "valueFrom": KEY_REF}]
+    key_dir = gateway_cli.build_parser().parse_args(["engine-key", *init["args"]]).dir
+    [mount] = init["volumeMounts"]
+    assert mount == {"name": mount["name"], "mountPath": key_dir}
+    assert {"name": mount["name"], "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}} in pod_spec["volumes"]
+    engine, gateway = container(manifest, "engine"), container(manifest, "gateway")
+    assert flag(engine["args"], "--config") == f"{key_dir}/{ENGINE_CONFIG_FILE}"
+    served = gateway_cli.build_parser().parse_args(["serve", *gateway["args"]])
+    assert served.engine_api_key_file == f"{key_dir}/{ENGINE_KEY_FILE}"
+    for reader in (engine, gateway):
+        assert {**mount, "readOnly": True} in reader["volumeMounts"]
+    for each in (init, engine, gateway):
+        assert not {arg.split("=", 1)[0] for arg in [*each["command"], *each["args"]]} & set(KEY_SPELLINGS)
+        assert all("value" not in var for var in each["env"] if "valueFrom" in var)
+    assert json.dumps(manifest).count('"judge-key"') == 1, "the Secret is named once: by the init container"
+
+
+def test_a_pool_without_a_key_keeps_its_pod_as_it_was() -> None:
+    manifest = pod(make_spec())
+    assert "initContainers" not in manifest["spec"] and "--config" not in container(manifest, "engine")["args"]
+    assert "--engine-api-key-file" not in container(manifest, "gateway")["args"]
+    keyed = make_spec(engine={"apiKey": KEY_REF})
+    assert children.template_revision("judge", keyed) != children.template_revision("judge", make_spec())
 
 
 def test_pods_are_owned_by_the_pool_and_labelled_unpublished_with_their_ordinal() -> None:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,9 +11,9 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from genrm_testing import RunningSim, free_port, launched, run_sim, wait_ready
+from genrm_testing import CONTROL_TOKEN, RunningSim, run_gateway, run_sim
 
-TOKEN = "test-token"
+TOKEN = CONTROL_TOKEN
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 
 
@@ -62,15 +60,8 @@ class Stack(Gateway):
 @contextmanager
 def gateway_process(engine_url: str, *gateway_args: str, wait_ready_probe: bool = True) -> Iterator[Gateway]:
     """A gateway for ``engine_url`` with short drain windows, once its probe answers."""
-    port, control_port = free_port(), free_port()
-    command = [sys.executable, "-m", "genrm_gateway", "serve", "--host", "127.0.0.1", "--port", str(port),
-               "--control-port", str(control_port), "--engine-url", engine_url,
-               "--quiet-seconds", "0.2", "--propagation-seconds", "0.2", "--engine-poll-seconds", "0.1",
-               *gateway_args]
-    with launched(command, env=os.environ | {"GENRM_CONTROL_TOKEN": TOKEN}) as proc:
-        gateway = Gateway(port, control_port, proc)
-        wait_ready(f"{gateway.control}/healthz/ready" if wait_ready_probe else f"{gateway.control}/healthz/live")
-        yield gateway
+    with run_gateway(engine_url, *gateway_args, ready=wait_ready_probe) as running:
+        yield Gateway(running.port, running.control_port, running.process)
 
 
 def sent_unread(port: int, data: bytes, seconds: float = 3.0) -> socket.socket:

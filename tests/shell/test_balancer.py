@@ -42,7 +42,7 @@ class Sidecars:
 
 
 def endpoints(*ips: str) -> dict[str, Endpoint]:
-    return {f"p-{i}": Endpoint(ip, 8000, 8001, "t") for i, ip in enumerate(ips)}
+    return {f"p-{i}": Endpoint(ip, 8001, "t") for i, ip in enumerate(ips)}
 
 
 def run(scenario: object) -> None:

@@ -5,7 +5,8 @@ token, and gives up (``None``, unknown) when the answer is later than the wait a
 answer is the state it led to, and a refusal or a broken answer is ``None``; connections are kept
 alive per address (each address's requests arrive on one connection) and several addresses are
 served at once; no request leaves reference cycles behind for the garbage collector; every request
-is counted once, by call and answer code, in ``genrm_operator_sidecar_requests_total``.
+is counted once, by call and answer code, in ``genrm_operator_sidecar_requests_total``; verification
+probes go to the judge routes under the control port's ``PROBE_PREFIX``, with the pool's token.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from genrm_contract.sidecar import DrainRequest, DrainState, EngineReport, Phase, StateDocument
+from genrm_contract.sidecar import PROBE_PREFIX, DrainRequest, DrainState, EngineReport, Phase, StateDocument
 from genrm_operator.api.spec import VerificationSpec
 from genrm_operator.shell.sidecar import DEFAULT_PROBES, STATE_SECONDS, Endpoint, SidecarClient
 from prometheus_client import REGISTRY
@@ -57,7 +58,7 @@ async def sidecars() -> AsyncIterator[list[tuple[StandIn, Endpoint]]]:
         await runner.setup()
         await web.TCPSite(runner, host, 0).start()
         runners.append(runner)
-        out.append((stand_in, Endpoint(host, 1, runner.addresses[0][1], "token")))
+        out.append((stand_in, Endpoint(host, runner.addresses[0][1], "token")))
     try:
         yield out
     finally:
@@ -133,8 +134,11 @@ async def test_every_request_is_counted_once_by_call_and_code(sidecars: list[tup
         stand_in.delay = STATE_SECONDS + 0.3
         assert await client.state(ep) is None  # the answer came too late: a failed call, no code
         stand_in.delay = 0.0
-        probed = Endpoint(ep.ip, ep.control_port, ep.control_port, ep.token)  # the stand-in serves both ports' routes
-        assert len(await client.answers(probed, VerificationSpec())) == len(DEFAULT_PROBES)
+        mark = len(stand_in.seen)
+        assert len(await client.answers(ep, VerificationSpec())) == len(DEFAULT_PROBES)
+        probes = stand_in.seen[mark:]  # the judge routes on the control port, with the control token
+        assert {(path, token) for _, path, _, token in probes} == {
+            (f"{PROBE_PREFIX}/model_info", "Bearer token"), (f"{PROBE_PREFIX}/generate", "Bearer token")}
     finally:
         await client.close()
     counted = {key: requests_counted(*key) - before[key] for key in labels}

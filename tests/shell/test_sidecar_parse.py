@@ -83,6 +83,6 @@ def test_answers_of_different_lengths_are_a_programming_error() -> None:
 
 def test_the_default_probes_are_fixed_judge_prompts() -> None:
     assert len(DEFAULT_PROBES) >= 3 and all(p.prompt and p.max_new_tokens > 0 for p in DEFAULT_PROBES)
-    endpoint = Endpoint("10.0.0.7", 8000, 8001, "tok")
-    assert endpoint.traffic == "http://10.0.0.7:8000" and endpoint.control == "http://10.0.0.7:8001"
+    endpoint = Endpoint("10.0.0.7", 8001, "tok")
+    assert endpoint.control == "http://10.0.0.7:8001"
     assert endpoint.headers == {"Authorization": "Bearer tok"}

@@ -44,7 +44,7 @@ class ScriptedSidecars:
 
 
 def endpoint(ip: str) -> Endpoint:
-    return Endpoint(ip, 8000, 8001, "token")
+    return Endpoint(ip, 8001, "token")
 
 
 def test_reports_changes_and_failures_as_the_core_needs_them() -> None:

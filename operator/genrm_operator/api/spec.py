@@ -63,6 +63,51 @@ class ModelSpec(ApiModel):
     """Model revision (branch, tag or commit) passed as --revision."""
 
 
+KEY_FLAGS = {"--api-key": "--ap", "--admin-api-key": "--ad"}
+"""SGLang's flags that take a key, each with its shortest abbreviation: SGLang's parser allows
+abbreviations, so ``--api-k x`` is ``--api-key x`` (tests/contract checks these against SGLang's flags)."""
+KEY_SPELLINGS = tuple(flag[:n] for flag, shortest in KEY_FLAGS.items() for n in range(len(shortest), len(flag) + 1))
+"""Every argument SGLang reads as a key flag, without its ``=value``."""
+MAX_ARGUMENTS = 512
+"""Bounds args and extraArgs (SGLang has about 530 flags): the API server refuses a CEL rule over a list
+whose cost it cannot bound, and the key rules look at every argument."""
+CONFIG_FLAG = "--config"
+"""SGLang's ``--config <file>.yaml``: it reads one only, and a pool's API key comes in one of its own."""
+
+
+def _argument_rules(field: str) -> list[dict[str, str]]:
+    """What ``args`` and ``extraArgs`` must not hold: a key, which every process list and the pod spec
+    show (refused with a pointer to apiKey), and with apiKey set, a second ``--config``."""
+    flags = ", ".join(f"'{s}'" for s in KEY_SPELLINGS)
+    assigned = ", ".join(f"'{s}='" for s in KEY_SPELLINGS)
+    return [
+        cel(f"self.{field}.all(a, !(a in [{flags}] || [{assigned}].exists(p, a.startsWith(p))))",
+            f"spec.engine.{field} must not hold an API key (--api-key, --admin-api-key or an abbreviation): "
+            "arguments show in the pod spec and in every process list; put the key in a Secret and set "
+            "spec.engine.apiKey.secretKeyRef", f".{field}"),
+        cel(f"!has(self.apiKey) || !self.{field}.exists(a, a == '{CONFIG_FLAG}' || a.startsWith('{CONFIG_FLAG}='))",
+            f"spec.engine.{field} must not hold {CONFIG_FLAG} when spec.engine.apiKey is set: the key reaches "
+            f"SGLang in a {CONFIG_FLAG} file of its own, and SGLang reads one only", f".{field}"),
+    ]
+
+
+class SecretKeySelector(ApiModel):
+    """A key of a Secret in the pool's namespace (core/v1 SecretKeySelector)."""
+
+    name: str = Field(min_length=1, max_length=253)
+    """Name of the Secret, in the pool's namespace."""
+    key: str = Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+    """The key within the Secret whose value is used."""
+
+
+class ApiKeySource(ApiModel):
+    """Where the engine's API key comes from."""
+
+    secret_key_ref: SecretKeySelector
+    """A key of a Secret in the pool's namespace; its value (visible ASCII, surrounding whitespace ignored)
+    is the key."""
+
+
 class EngineSpec(ApiModel):
     """The SGLang engine container of every replica; changes apply to replicas created afterwards."""
 
@@ -70,6 +115,8 @@ class EngineSpec(ApiModel):
         "json_schema_extra": validations(
             cel("self.gpusPerReplica >= self.tensorParallelSize",
                 "gpusPerReplica must be at least tensorParallelSize", ".gpusPerReplica"),
+            *_argument_rules("args"),
+            *_argument_rules("extraArgs"),
             cel("self.image == oldSelf.image", f"spec.engine.image {IMMUTABLE_HINT}", ".image"),
             cel("self.command == oldSelf.command", f"spec.engine.command {IMMUTABLE_HINT}", ".command"),
             cel("self.args == oldSelf.args", f"spec.engine.args {IMMUTABLE_HINT}", ".args"),
@@ -86,9 +133,9 @@ class EngineSpec(ApiModel):
     """Engine container image (default: SGLang's image of the release the project is tested against)."""
     command: list[str] = Field(default_factory=list)
     """Overrides the launcher (default: python3 -m sglang.launch_server); the simulator uses [genrm-sim]."""
-    args: list[str] = Field(default_factory=list)
+    args: list[str] = Field(default_factory=list, max_length=MAX_ARGUMENTS)
     """Replaces the generated SGLang arguments entirely when not empty (advanced)."""
-    extra_args: list[str] = Field(default_factory=list)
+    extra_args: list[str] = Field(default_factory=list, max_length=MAX_ARGUMENTS)
     """Extra SGLang arguments appended to the generated ones."""
     seed: int = Field(42, ge=0, le=2**31 - 1)
     """The single --random-seed every replica of the pool uses, so replicas answer identically."""
@@ -106,6 +153,11 @@ class EngineSpec(ApiModel):
     """Engine container resources (core/v1 ResourceRequirements); the GPU limit is added."""
     startup_timeout_seconds: int = Field(1800, ge=1)
     """A replica not ready within this time after creation is replaced."""
+    api_key: ApiKeySource | None = None
+    """SGLang's --api-key, from a Secret: it never appears in a command line or in the pod spec (an init
+    container writes it to a --config file). The gateway sends it on every engine call, and judge clients
+    must send it too (Authorization: Bearer <key>). Read when a replica starts: after changing the Secret's
+    value, roll the replicas (e.g. change an annotation in spec.template)."""
 
 
 class GatewayLimits(ApiModel):

@@ -16,10 +16,11 @@ from typing import Any
 from genrm_contract import drained, sidecar
 
 from ..api.pool import GenRMPoolSpec
-from ..api.spec import GatewayLimits
+from ..api.spec import GatewayLimits, GatewaySpec, SecretKeySelector
 from . import placement
 from .names import (
     ENGINE_CONTAINER,
+    ENGINE_KEY_CONTAINER,
     GATEWAY_CONTAINER,
     GROUP,
     KIND,
@@ -42,6 +43,11 @@ SGLANG_LAUNCHER = ["python3", "-m", "sglang.launch_server"]
 SHUTDOWN_SLACK_SECONDS = 30
 """Engine shutdown after the drain, plus margin, inside terminationGracePeriodSeconds."""
 
+ENGINE_KEY_DIR = "/run/genrm/engine-key"
+"""Where a key-protected pool's init container writes the engine's ``--config`` file and the gateway's
+key file: a memory-backed emptyDir, so the key never reaches the node's disk."""
+ENGINE_CONFIG_PATH = f"{ENGINE_KEY_DIR}/{sidecar.ENGINE_CONFIG_FILE}"
+
 ENGINE_PRESTOP = inspect.getsource(drained)
 """The engine's preStop hook: wait until the sidecar reports Drained so SGLang is not stopped under
 admitted requests. It runs in the engine image (python3, no gateway) in the pod's network namespace."""
@@ -56,10 +62,15 @@ def owner_reference(pool: str, uid: str) -> Manifest:
 
 
 def engine_args(spec: GenRMPoolSpec) -> list[str]:
-    """One command line for SGLang and the simulator: same seed and determinism on every replica."""
+    """One command line for SGLang and the simulator: same seed and determinism on every replica. A
+    key-protected engine gets ``--config`` with its key file (the key itself is on no command line)."""
+    engine = spec.engine
+    config = ["--config", ENGINE_CONFIG_PATH] if engine.api_key else []
+    return [*(engine.args or _generated_args(spec)), *engine.extra_args, *config]
+
+
+def _generated_args(spec: GenRMPoolSpec) -> list[str]:
     engine, model = spec.engine, spec.model
-    if engine.args:
-        return [*engine.args, *engine.extra_args]
     args = [
         "--model-path", model.path, "--host", "127.0.0.1", "--port", str(engine.port),
         "--random-seed", str(engine.seed), "--tp-size", str(engine.tensor_parallel_size), "--enable-metrics",
@@ -70,7 +81,7 @@ def engine_args(spec: GenRMPoolSpec) -> list[str]:
         args += ["--revision", model.revision]
     if engine.deterministic:
         args.append("--enable-deterministic-inference")
-    return [*args, *engine.extra_args]
+    return args
 
 
 def gateway_limit_args(limits: GatewayLimits) -> list[str]:
@@ -214,6 +225,8 @@ def _replica_pod(pool: str, pool_uid: str, namespace: str, spec: GenRMPoolSpec, 
         pod_spec["priorityClassName"] = template.priority_class_name
     if template.service_account_name:
         pod_spec["serviceAccountName"] = template.service_account_name
+    if engine.api_key:
+        _protect_with_key(pod_spec, engine.api_key.secret_key_ref, gateway)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -224,6 +237,35 @@ def _replica_pod(pool: str, pool_uid: str, namespace: str, spec: GenRMPoolSpec, 
         },
         "spec": pod_spec,
     }
+
+
+def _protect_with_key(pod_spec: Manifest, ref: SecretKeySelector, gateway_spec: GatewaySpec) -> None:
+    """Hand the key ``ref`` names (``spec.engine.apiKey``) to the engine and the gateway without any
+    command line.
+
+    SGLang reads its key from ``--api-key`` (every process list and the pod spec would show it) or from
+    a ``--config`` file. So an init container of the gateway image, with the key in its environment (a
+    ``secretKeyRef``, a mere reference in the pod spec), writes that file and the gateway's key file
+    into a memory-backed volume that the engine and the gateway mount read-only; both then hold the
+    key the pod started with, whichever container restarts. The operator never reads the Secret.
+    """
+    mount = {"name": ENGINE_KEY_CONTAINER, "mountPath": ENGINE_KEY_DIR}
+    engine, gateway = pod_spec["containers"]
+    engine["volumeMounts"] = [*engine["volumeMounts"], {**mount, "readOnly": True}]
+    gateway["volumeMounts"] = [{**mount, "readOnly": True}]
+    gateway["args"] = [*gateway["args"], "--engine-api-key-file", f"{ENGINE_KEY_DIR}/{sidecar.ENGINE_KEY_FILE}"]
+    pod_spec["initContainers"] = [{
+        "name": ENGINE_KEY_CONTAINER,
+        "image": gateway_spec.image,
+        "command": ["genrm-gateway", "engine-key"],
+        "args": ["--dir", ENGINE_KEY_DIR],
+        "env": [{"name": sidecar.ENGINE_KEY_ENV,
+                 "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}],
+        "resources": dict(gateway_spec.resources),
+        "volumeMounts": [mount],
+    }]
+    pod_spec["volumes"] = [*pod_spec["volumes"],
+                           {"name": ENGINE_KEY_CONTAINER, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}]
 
 
 def _owned(api_version: str, kind: str, name: str, pool: str, pool_uid: str, namespace: str, **body: Any) -> Manifest:

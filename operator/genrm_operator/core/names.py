@@ -22,6 +22,8 @@ VERIFICATION_MESSAGE_ANNOTATION = f"{GROUP}/verification-message"
 TOKEN_KEY = "token"
 ENGINE_CONTAINER = "engine"
 GATEWAY_CONTAINER = "gateway"
+ENGINE_KEY_CONTAINER = "engine-key"
+"""The init container of a key-protected pool (``spec.engine.apiKey``) and its volume's name."""
 
 
 def pod_name(pool: str, ordinal: int) -> str:

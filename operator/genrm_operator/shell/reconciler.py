@@ -230,7 +230,7 @@ class PoolReconciler:
                         *self._action_errors.values())[:REPORTED_CHILD_ERRORS]
         pods = self.pods()
         endpoints = {
-            p["metadata"]["name"]: Endpoint(ip, spec.gateway.port, spec.gateway.control_port, self._token or "")
+            p["metadata"]["name"]: Endpoint(ip, spec.gateway.control_port, self._token or "")
             for p in pods if (ip := pod_ip(p)) and not p["metadata"].get("deletionTimestamp")
         }
         views = self.pod_views(pods)

@@ -24,6 +24,7 @@ from typing import Any
 import aiohttp
 from genrm_contract.sidecar import (
     DRAIN_PATH,
+    PROBE_PREFIX,
     SHED_PATH,
     STATE_PATH,
     UNDRAIN_PATH,
@@ -56,9 +57,6 @@ DEFAULT_PROBES = (
 )
 
 
-PROBE_HEADERS = {"Connection": "close"}
-"""Verification probes use the traffic port, as clients do, but keep no connection open there: a kept
-connection would count as a client's in the replica's share of the pool's connections."""
 CALLS = {STATE_PATH: "state", DRAIN_PATH: "drain", UNDRAIN_PATH: "undrain", SHED_PATH: "shed"}
 """The ``call`` label of each control route; anything else is a verification probe (``probe``)."""
 
@@ -83,21 +81,15 @@ def counted() -> aiohttp.TraceConfig:
 
 @dataclass(frozen=True)
 class Endpoint:
-    """Where one replica's sidecar listens (traffic and control ports), and the pool's control token."""
+    """Where one replica's sidecar listens for the operator (its control port), and the pool's control token."""
 
     ip: str
-    port: int
     control_port: int
     token: str
 
     @property
-    def traffic(self) -> str:
-        """Judge routes, as clients reach them (verification probes go here)."""
-        return f"http://{self.ip}:{self.port}"
-
-    @property
     def control(self) -> str:
-        """State, drain, probes and ``/metrics``."""
+        """State, drain, verification probes and ``/metrics``."""
         return f"http://{self.ip}:{self.control_port}"
 
     @property
@@ -196,16 +188,22 @@ class SidecarClient:
         ``/model_info`` says which. Each probe carries a request id of its own: SGLang refuses a
         second request under an id still in flight, and the probes (and verifications of several
         replicas) overlap.
+
+        The probes reach the judge routes through the gateway's control port (``PROBE_PREFIX``), with
+        the control token: the same proxy as the traffic port, but neither a pool's API key (which the
+        operator never reads) nor a connection counted among the clients' (which the balancer shares
+        out).
         """
         limit = timeout(float(spec.timeout_seconds))
-        async with self._http.get(f"{ep.traffic}/model_info", timeout=limit, raise_for_status=True,
-                                  headers=PROBE_HEADERS) as info:
+        judge = f"{ep.control}{PROBE_PREFIX}"
+        async with self._http.get(f"{judge}/model_info", timeout=limit, raise_for_status=True,
+                                  headers=ep.headers) as info:
             generation = bool((await info.json(content_type=None)).get("is_generation", True))
 
         async def ask(probe: ProbeRequest) -> str:
             path, payload = probe_request(probe, spec.sampling_seed, generation)
-            async with self._http.post(f"{ep.traffic}{path}", json=payload, timeout=limit, raise_for_status=True,
-                                       headers={**PROBE_HEADERS,
+            async with self._http.post(f"{judge}{path}", json=payload, timeout=limit, raise_for_status=True,
+                                       headers={**ep.headers,
                                                 "X-Request-Id": f"genrm-verify-{uuid.uuid4().hex}"}) as response:
                 return probe_answer(await response.json(content_type=None), generation)
 
