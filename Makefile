@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml hack/pyproject.toml const
 CLUSTER ?= local
 VERSION := $(shell sed -n "s/^version = \"\(.*\)\"/\1/p" pyproject.toml)
 
-.PHONY: venv tools test unit lint e2e soak dev crds docs sglang-contract bench-gateway bench-autoscaler bench-spread bench-operator images control-plane clean
+.PHONY: venv tools test unit lint e2e soak dev crds docs sglang-contract bench-gateway bench-parts bench-autoscaler bench-spread bench-operator images control-plane clean
 
 ## venv: the project and its development tools (hack/pyproject.toml: local cluster, benchmarks, test
 ## helpers; never shipped), both editable
@@ -72,6 +72,11 @@ sglang-contract: venv
 
 bench-gateway: venv
 	$(PY) -m genrm_bench.gateway
+
+## bench-parts: the gateway's HTTP server and engine client beside maintained alternatives
+## (uvicorn's h11 protocol, granian; aiohttp, httpx), in one run
+bench-parts: venv
+	$(PY) -m genrm_bench.parts
 
 bench-autoscaler: venv control-plane
 	GENRM_BIN_DIR="$$(hack/control-plane.sh)" $(PY) -m e2e.bench_autoscaler
