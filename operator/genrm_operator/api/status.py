@@ -27,7 +27,7 @@ class OperationType(StrEnum):
 
 
 class Phase(StrEnum):
-    """Phases of the scale-operation state machine (README: "The scale-operation state machine")."""
+    """Phases of the scale-operation state machine (docs/state-machine.md)."""
 
     PENDING = "Pending"
     PROVISIONING = "Provisioning"

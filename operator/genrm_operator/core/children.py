@@ -128,8 +128,8 @@ def template_revision(pool: str, spec: GenRMPoolSpec) -> str:
     autoscaler, the Service, the update strategy).
 
     Remembered per spec object: specs are immutable and the shell keeps one per pool version, so
-    every step on an unchanged pool would otherwise build and hash the same pod (a twentieth of
-    the operator's CPU in a scale storm).
+    every step on an unchanged pool would otherwise build and hash the same pod, a measurable share
+    of the operator's CPU in a scale storm (figures: docs/performance.md#measurements-behind-the-code).
     """
     known = _revisions.get(id(spec))
     if known is not None and known[0] is spec and known[1] == pool:

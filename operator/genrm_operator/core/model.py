@@ -197,13 +197,13 @@ def report_waits(before: GenRMPoolStatus, after: GenRMPoolStatus, waited: float)
 
     Every write of the pool is decoded, patched, validated, stored, decoded again and sent to each
     watcher by the API server, one event after another, so the watch that brings the next scale
-    request to the operator queues behind it. In a scale storm a fifth of the writes only moved a
-    count: a victim's readiness going as it drains, a pod leaving the Current count as it
-    terminates. The operation's next write (its next phase, or its end) carries such counts;
-    they get a write of their own once they have waited ``REPORT_DELAY_SECONDS``. Nothing else
-    waits: decisions (a crash must find them), a condition's status or reason (what alerts and
-    ``kubectl wait`` watch), a new observedGeneration, and everything outside an operation, where
-    a count changes because something went wrong."""
+    request to the operator queues behind it. In a scale storm many writes only moved a count
+    (figures: docs/performance.md#measurements-behind-the-code): a victim's readiness going as it
+    drains, a pod leaving the Current count as it terminates. The operation's next write (its next
+    phase, or its end) carries such counts; they get a write of their own once they have waited
+    ``REPORT_DELAY_SECONDS``. Nothing else waits: decisions (a crash must find them), a condition's
+    status or reason (what alerts and ``kubectl wait`` watch), a new observedGeneration, and
+    everything outside an operation, where a count changes because something went wrong."""
     def flags(status: GenRMPoolStatus) -> list[tuple[str, str, str]]:
         return [(c.type, c.status, c.reason) for c in status.conditions]
     return (after.operation is not None and waited < REPORT_DELAY_SECONDS

@@ -249,7 +249,8 @@ class _Step:
         A phase change posts no Event: the phase is in ``status.operation``, and the Events are
         kept to what a user acts on (an operation started or ended, a replica published, victims
         chosen, warnings), about one per action as Kubernetes' own controllers post. An Event per
-        phase was half of the operator's API writes in a scale storm.
+        phase was a large share of the operator's API writes in a scale storm
+        (figures: docs/performance.md#measurements-behind-the-code).
         """
         if op.phase == phase and op.message == message:
             return op

@@ -33,9 +33,10 @@ class NoDiffBase(kopf.DiffBaseStorage):
     """No diff base: the operator has no create/update/delete handlers, the only ones that use it.
 
     kopf builds the "essence" of every watched object at every event (a deep copy of the whole
-    body) to diff it against the stored one; profiled in a scale storm at 50 pools x 20 replicas,
-    that was a tenth of the operator's CPU, for diffs nothing read. Old and new essence are both
-    empty here, so kopf sees no change in any object and stores nothing on it."""
+    body) to diff it against the stored one; profiled in a scale storm, that was a sizeable share of
+    the operator's CPU, for diffs nothing read (figures: docs/performance.md#measurements-behind-the-code).
+    Old and new essence are both empty here, so kopf sees no change in any object and stores
+    nothing on it."""
 
     def build(self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None) -> kopf.BodyEssence:
         return kopf.BodyEssence()

@@ -175,7 +175,8 @@ class PoolReconciler:
         The step that made that write already decided on its answer (`read_pool`), and what it
         set going wakes the reconciler by itself: pod events for creates and label patches, the
         sidecars' long polls for drains, the resync for time passing. In a scale storm these
-        echoes were a third of all steps. The exception is a write no step followed (`_await_echo`)."""
+        echoes were a large share of all steps (figures: docs/performance.md#measurements-behind-the-code).
+        The exception is a write no step followed (`_await_echo`)."""
         written = self._written
         if (written is None or not version or self._wake_on_echo
                 or written["metadata"].get("resourceVersion") != version):
@@ -289,8 +290,8 @@ class PoolReconciler:
     def pod_views(self, pods: list[Manifest]) -> tuple[PodView, ...]:
         """The pods' views, each made again only when its pod changed (resourceVersion).
 
-        A step sees most pods as the last one did; making every view anew was a tenth of the
-        operator's CPU in a scale storm at 50 pools x 20 replicas."""
+        A step sees most pods as the last one did; making every view anew was a sizeable share of
+        the operator's CPU in a scale storm (figures: docs/performance.md#measurements-behind-the-code)."""
         views, kept = [], {}
         for pod in pods:
             meta = pod["metadata"]
