@@ -9,7 +9,7 @@ import logging
 import kopf
 from prometheus_client import start_http_server
 
-from .shell import collector, handlers  # noqa: F401  (importing handlers registers them with kopf)
+from .shell import collector, handlers  # importing handlers registers them with kopf
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -21,7 +21,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--metrics-host", default="0.0.0.0", help="address of the /metrics listener")
     parser.add_argument("--liveness", default="http://0.0.0.0:8081/healthz", help="kopf liveness endpoint")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--no-gpu-placement", action="store_true",
+                        help="do not watch nodes (no RBAC on nodes needed): new replicas of a deterministic pool "
+                             "are then not pinned to the GPU product (nvidia.com/gpu.product) of its serving replicas")
     args = parser.parse_args(argv)
+    if not args.no_gpu_placement:
+        handlers.watch_gpu_products()
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.verbose:

@@ -153,6 +153,13 @@ def test_the_operator_may_list_and_watch_nodes_and_nothing_more_about_them(rende
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": "genrm-system"}]
 
 
+def test_without_gpu_placement_the_operator_gets_no_role_on_nodes(render: Render) -> None:
+    manifests = render(NAMESPACED, set=("operator.gpuPlacement=false",))
+    assert not [m for m in manifests if m["kind"].startswith("Cluster")]
+    assert "--no-gpu-placement" in operator_container(manifests)["args"]
+    assert "--no-gpu-placement" not in operator_container(render())["args"]
+
+
 def test_single_namespace_mode_uses_a_role(render: Render) -> None:
     manifests = render(NAMESPACED)
     cluster_wide = [m["metadata"]["name"] for m in manifests if m["kind"].startswith("Cluster")]

@@ -100,10 +100,18 @@ async def pods_by_pool(namespace: str | None, labels: Mapping[str, str], body: k
     }}
 
 
-@kopf.index(*NODES, labels={GPU_PRODUCT_LABEL: kopf.PRESENT})
 async def gpu_products(name: str, labels: Mapping[str, str], **_: Any) -> dict[str, str]:
     """Each labelled node's GPU product (GPU feature discovery's nvidia.com/gpu.product), for placement."""
     return {name: labels[GPU_PRODUCT_LABEL]}
+
+
+def watch_gpu_products() -> None:
+    """Register the node index placement reads (`gpu_products`).
+
+    Not a decorator: kopf starts no handler before every index has listed its objects, so a
+    ServiceAccount that may not list nodes would stop the whole operator. ``--no-gpu-placement``
+    leaves the index out (placement then pins nothing, as on nodes without the label)."""
+    kopf.index(*NODES, labels={GPU_PRODUCT_LABEL: kopf.PRESENT})(gpu_products)
 
 
 def _child_entry(kind: str, namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
@@ -148,8 +156,8 @@ async def reconcile_pool(name: str, namespace: str | None, memo: kopf.Memo, stop
         return [*indexed("secrets_by_pool"), *indexed("services_by_pool"), *indexed("pdbs_by_pool")]
 
     def products(nodes: Iterable[str]) -> dict[str, str]:
-        index = cast(kopf.Index[str, str], kwargs["gpu_products"])
-        return {node: next(iter(index[node])) for node in nodes if node in index}
+        index = cast(kopf.Index[str, str] | None, kwargs.get("gpu_products"))  # None: --no-gpu-placement
+        return {node: next(iter(index[node])) for node in nodes if node in index} if index is not None else {}
 
     def watched() -> Manifest:
         # A daemon's body is kopf's live view: each watch event swaps in the new object whole, so
