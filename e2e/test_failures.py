@@ -4,12 +4,14 @@ Aspects: an engine crash gets the replica replaced; a replica that never
 becomes ready ends the operation Partial(StartupTimeout); a replica that never
 served is gone within seconds of a scale-in (no drain to wait for); more GPUs
 than the nodes have ends Partial(Unschedulable) and completes once capacity
-appears; a replica whose answers differ from the serving ones is never published.
+appears; a replica whose answers differ from the serving ones is never published, but replaced,
+each replacement after the first backing off (condition VerificationBackOff with the next attempt).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import httpx
@@ -97,21 +99,29 @@ def test_too_few_gpus_is_partial_unschedulable_then_completes_when_capacity_appe
     assert _last(cluster, namespace, "big")["outcome"] == "Succeeded"
 
 
-def test_a_replica_whose_answers_differ_is_never_published(cluster: Cluster, namespace: str) -> None:
+def test_a_replica_whose_answers_differ_is_never_published_and_replaced_with_back_off(
+    cluster: Cluster, namespace: str
+) -> None:
     cluster.kubectl("apply", "-f", "-", input=pool_manifest("odd", namespace, replicas=1))
     cluster.wait_serving(namespace, "odd", 1)
     # env is not an answer-changing field of the API, so new replicas pick it up: exactly the kind of
-    # silent drift verification exists to catch.
+    # silent drift verification exists to catch. Every replacement answers differently too.
     patch = {"spec": {"engine": {"env": [{"name": "GENRM_SIM_PERTURB", "value": "1"}]}}}
     cluster.kubectl("patch", "genrmpool", "odd", "-n", namespace, "--type=merge", "-p", json.dumps(patch))
     cluster.scale(namespace, "odd", 2)
-    entry = wait_for("Partial(ReplicaInconsistent)", lambda: (e := _last(cluster, namespace, "odd")) and
-                     e.get("outcome") == "Partial" and e, timeout=90)
-    assert entry["reason"] == "ReplicaInconsistent", entry
-    pool = cluster.pool(namespace, "odd")
-    assert pool["status"]["servingReplicas"] == 1
-    conditions = {c["type"]: c for c in pool["status"]["conditions"]}
-    assert conditions["Degraded"]["status"] == "True" and conditions["Degraded"]["reason"] == "ReplicaInconsistent"
-    odd = next(p for p in cluster.pods(namespace, "odd") if p["metadata"]["name"] == "odd-1")
-    assert odd["metadata"]["labels"]["genrm.io/published"] == "false"
+
+    def backing_off() -> dict[str, str] | None:
+        assert cluster.published(namespace, "odd") == ["odd-0"], "only the replica that answers as before serves"
+        conditions = {c["type"]: c for c in cluster.pool(namespace, "odd")["status"]["conditions"]}
+        return conditions["Degraded"] if conditions["Degraded"]["reason"] == "VerificationBackOff" else None
+    degraded = wait_for("Degraded(VerificationBackOff)", backing_off, timeout=90)
+    assert degraded["status"] == "True" and degraded["message"].startswith("next replica create at "), degraded
+    assert re.search(r"\(ReplicaInconsistent\): odd-\d+: ReplicaInconsistent: odd-\d+ on node node-\d \(no GPU "
+                     r"product label\) against odd-0 on node node-\d", degraded["message"]), degraded
+    status = cluster.pool(namespace, "odd")["status"]
+    assert status["servingReplicas"] == 1
+    assert [h["reason"] for h in status["history"][-2:]] == ["ReplicaInconsistent"] * 2, status["history"]
+    pods = {p["metadata"]["name"] for p in cluster.pods(namespace, "odd")}
+    time.sleep(5)  # well inside the 20 s back-off
+    assert {p["metadata"]["name"] for p in cluster.pods(namespace, "odd")} <= pods, "no attempt before the back-off"
     assert "reference=" in cluster.kubectl("describe", "genrmpool", "odd", "-n", namespace)
