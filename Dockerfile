@@ -15,6 +15,7 @@ WORKDIR /src
 COPY pyproject.toml constraints.txt README.md ./
 COPY operator/ operator/
 COPY gateway/ gateway/
+COPY contract/ contract/
 COPY engine/ engine/
 RUN pip wheel --no-deps --wheel-dir /wheels . \
  && python -m venv /opt/genrm \

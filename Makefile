@@ -31,7 +31,7 @@ tools:
 test: venv tools lint control-plane unit e2e
 
 lint: venv
-	$(VENV)/bin/ruff check operator gateway engine hack tests e2e
+	$(VENV)/bin/ruff check operator gateway contract engine hack tests e2e
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mypy hack/sglang_contract.py
 	$(VENV)/bin/lint-imports

@@ -22,8 +22,7 @@ from typing import Any, get_args
 import yaml
 from pydantic import BaseModel
 
-from .api.pool import NAME_RULES, GenRMPoolSpec, GenRMPoolStatus
-from .core.names import GROUP, KIND, PLURAL, VERSION
+from .api.pool import GROUP, KIND, NAME_RULES, PLURAL, VERSION, GenRMPoolSpec, GenRMPoolStatus
 
 REPO = Path(__file__).resolve().parents[2]
 TARGETS = (

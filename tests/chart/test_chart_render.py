@@ -15,9 +15,8 @@ from typing import Any
 
 import pytest
 import yaml
-from genrm_operator.api.pool import GenRMPoolSpec
+from genrm_operator.api.pool import GROUP, PLURAL, GenRMPoolSpec
 from genrm_operator.core.children import pod_manifest
-from genrm_operator.core.names import GROUP, PLURAL
 
 from .conftest import CHART, KUBE_VERSION, REPO, Manifest, Render, find, run_helm
 

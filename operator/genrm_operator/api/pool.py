@@ -20,6 +20,13 @@ from .spec import (
 )
 from .status import Condition, HistoryEntry, Operation, Placement
 
+GROUP = "genrm.io"
+VERSION = "v1alpha1"
+PLURAL = "genrmpools"
+KIND = "GenRMPool"
+"""The resource's identity: the CRD generated from these models, the operator's watches and its
+labels (``genrm.io/pool``) all take it from here."""
+
 MAX_NAME_LENGTH = 63
 """The pool name is the value of its children's instance label and its Service's name: 63 at most."""
 NAME_RULES = validations(

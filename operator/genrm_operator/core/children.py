@@ -15,21 +15,18 @@ from typing import Any
 
 from genrm_contract import drained, sidecar
 
-from ..api.pool import GenRMPoolSpec
+from ..api.pool import GROUP, KIND, VERSION, GenRMPoolSpec
 from ..api.spec import GatewayLimits, GatewaySpec, SecretKeySelector
 from . import placement
 from .names import (
     ENGINE_CONTAINER,
     ENGINE_KEY_CONTAINER,
     GATEWAY_CONTAINER,
-    GROUP,
-    KIND,
     ORDINAL_LABEL,
     POOL_LABEL,
     PUBLISHED_LABEL,
     REVISION_LABEL,
     TOKEN_KEY,
-    VERSION,
     common_labels,
     pdb_name,
     pod_name,

@@ -7,10 +7,7 @@ pure function of the pool and, for pods, an ordinal that the status remembers.
 
 from __future__ import annotations
 
-GROUP = "genrm.io"
-VERSION = "v1alpha1"
-PLURAL = "genrmpools"
-KIND = "GenRMPool"
+from ..api.pool import GROUP
 
 POOL_LABEL = f"{GROUP}/pool"
 ORDINAL_LABEL = f"{GROUP}/ordinal"

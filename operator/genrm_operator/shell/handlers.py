@@ -13,8 +13,9 @@ from typing import Any, cast
 
 import kopf
 
+from ..api.pool import GROUP, PLURAL, VERSION
 from ..core.model import Event
-from ..core.names import GROUP, PLURAL, POOL_LABEL, VERSION
+from ..core.names import POOL_LABEL
 from ..core.placement import GPU_PRODUCT_LABEL
 from . import metrics
 from .kube import Kube, Manifest, load_config

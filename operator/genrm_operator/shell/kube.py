@@ -27,7 +27,7 @@ import aiohttp
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from ..core.names import GROUP, KIND, PLURAL, VERSION
+from ..api.pool import GROUP, KIND, PLURAL, VERSION
 
 MERGE_PATCH = "application/merge-patch+json"
 POOLS = f"/apis/{GROUP}/{VERSION}/namespaces/{{namespace}}/{PLURAL}"
