@@ -17,10 +17,10 @@ against *ground truth* rather than against the core's own view:
 - optionally nodes labelled with GPU products (``nodes``): the scheduler spreads a pod over the
   nodes its required product allows (none: Unschedulable), and a replica answers as its GPU
   product computes (replicas on two products differ, as SGLang's deterministic kernels do);
-- the shell's contract for every action: the status written first when it records new
-  decisions or a create is due (`writes_first`: then even unchanged, for its Conflict), then the
-  actions that need its record (`needs_record`; publishes and probes go beside it); counts alone
-  left for a later write while an operation runs (`report_waits`); creates
+- the shell's contract for every action: the status written first and the actions after or beside
+  it by the core's one write-then-act rule (`deliver`, which the shell follows too: written first
+  when it records new decisions or a create is due, then the actions that need its record; counts
+  alone left for a later write while an operation runs); creates
   idempotent by name (AlreadyExists), deletes bound to the pod UID and completed one step
   later (a short-grace delete of a never-served replica also to its resourceVersion, so it
   fails once the pod was published), drains bound to a drain id, undrain refused once drained, verification
@@ -62,9 +62,7 @@ from genrm_operator.core.model import (
     SidecarView,
     Undrain,
     Verify,
-    needs_record,
-    unwritten_since,
-    writes_first,
+    deliver,
 )
 from genrm_operator.core.names import drain_id, pod_name
 from genrm_operator.core.reconcile import reconcile
@@ -416,27 +414,22 @@ class World:
         before = self.live_count()
         surge = self.surge_allowance(plan)
         self.chosen_before = {v.name for v in self.status.operation.victims} if self.status.operation else set()
-        # The status is written first, through its wire form, exactly as the shell writes it; when
-        # the write is refused, the actions the shell holds back for it are never sent, and the
-        # others (sent beside the write) are done all the same. A stale step is refused only when
-        # the shell writes at all (`writes_first`, or a changed status that cannot wait for a later
-        # write: `report_waits`): with no write there is no Conflict to stop it.
-        held = writes_first(self.status, plan.status, plan.actions)
-        self.unwritten_since = unwritten_since(self.status, plan.status, held, self.unwritten_since, self.now)
-        writes = (held or plan.status != self.status) and self.unwritten_since is None
+        # The status is written first, through its wire form, by the rule the shell follows
+        # (`deliver`); when the write is refused, the actions held back for it are never sent, and
+        # the others (sent beside the write) are done all the same. A stale step is refused only
+        # when the shell writes at all: with no write there is no Conflict to stop it.
+        delivery = deliver(self.status, plan, self.unwritten_since, self.now)
+        self.unwritten_since = delivery.unwritten_since
+        writes = delivery.write
         unwritten = bool(flags.get("unwritten")) or (writes and stale is not None and stale[1] != self.generation)
         if not unwritten:
             self.names_seen.update(p.name for p in obs.pods)
         self.check_status(plan)
         self.check_blame(plan)
-        if unwritten:
-            actions = [a for a in plan.actions if not (held and needs_record(a))]
-        else:
-            if writes:
-                self.status = GenRMPoolStatus.model_validate(plan.status.to_wire())
-            actions = list(plan.actions)
+        if writes and not unwritten:
+            self.status = GenRMPoolStatus.model_validate(plan.status.to_wire())
         if not flags.get("lose"):
-            for action in actions:
+            for action in delivery.sent(not unwritten):
                 self.carry_out(action, obs, plan)
         self.check_after(before, surge)
         return plan

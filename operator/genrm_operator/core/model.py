@@ -223,6 +223,47 @@ def unwritten_since(before: GenRMPoolStatus, after: GenRMPoolStatus, first: bool
 
 
 @dataclass(frozen=True)
+class Delivery:
+    """How one step's status write and actions go out (`deliver`): the one write-then-act rule,
+    followed by the shell and by the core tests' simulated world alike."""
+
+    write: bool
+    """Write the status this step (bound to the resourceVersion the step decided on)."""
+    beside: tuple[Action, ...]
+    """Actions sent beside the write, and sent even when the write is refused."""
+    after: tuple[Action, ...]
+    """Actions sent only once the write landed (none when nothing waits for a record)."""
+    unwritten_since: float | None
+    """The `unwritten_since` to keep for the next step."""
+    actions: tuple[Action, ...] = ()
+    """All of the plan's actions, in its order."""
+
+    def sent(self, written: bool) -> tuple[Action, ...]:
+        """Every action that goes out, in the plan's order: all of them once the write landed (or
+        when there was none to land), only those `beside` it when it was refused."""
+        return self.actions if written else self.beside
+
+
+def deliver(before: GenRMPoolStatus, plan: Plan, since: float | None, now: float,
+            due: Sequence[Action] | None = None) -> Delivery:
+    """The write-then-act rule of one step: whether its status is written, and which of its actions
+    wait for that write.
+
+    The status is written first when it records new decisions or a create is due (`writes_first`,
+    judged on ``due``: the actions that will actually be sent, all of ``plan.actions`` unless the
+    caller holds some back as just done), and then the actions that `needs_record` wait for it;
+    every other action goes beside the write. A changed status is written too, unless it only
+    moved counts that can wait for the operation's next write (`report_waits`, tracked by
+    ``since``: the last step's `Delivery.unwritten_since`)."""
+    first = writes_first(before, plan.status, plan.actions if due is None else due)
+    waiting = unwritten_since(before, plan.status, first, since, now)
+    beside = tuple(a for a in plan.actions if not (first and needs_record(a)))
+    after = tuple(a for a in plan.actions if first and needs_record(a))
+    return Delivery(write=(plan.status != before or first) and waiting is None, beside=beside, after=after,
+                    unwritten_since=waiting, actions=tuple(plan.actions))
+
+
+@dataclass(frozen=True)
 class Event:
     """A Kubernetes Event to post on the pool."""
 

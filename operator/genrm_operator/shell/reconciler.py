@@ -6,7 +6,7 @@ sidecars' latest drain states from their long polls (`sidecarwatch`), calls
 :func:`reconcile`, writes the status with optimistic concurrency and, when that
 write records decisions or a create is due, only then carries out the actions that
 take replicas away or back or create them (otherwise they run beside it, as
-publishes and verification probes always do: see `core.model.writes_first`).
+publishes and verification probes always do: see `core.model.deliver`).
 A crash anywhere is safe: the next step (or the next operator process) recomputes
 from observations and repeats idempotent actions.
 """
@@ -50,9 +50,7 @@ from ..core.model import (
     SetPublished,
     Undrain,
     Verify,
-    needs_record,
-    unwritten_since,
-    writes_first,
+    deliver,
 )
 from ..core.names import (
     EVER_PUBLISHED_ANNOTATION,
@@ -245,20 +243,15 @@ class PoolReconciler:
         plan = reconcile(observed)
         self.balancer.follow({n: endpoints[n] for n in published if n in endpoints}, self.watch.documents())
         version = str(meta.get("resourceVersion", ""))
-        # Actions wait for the status write only when it records new decisions or a create is due
-        # (a crash between the two must find the decisions, and the write's Conflict cancels what a
-        # stale spec decided: `writes_first`), and then only those that take a replica away or back
-        # or create one (`needs_record`: publishes and verification probes never wait). When the
-        # write only brings counts and conditions up to date they all run beside it, as they run
-        # with no write at all.
+        # The write-then-act rule is the core's (`deliver`), the one the core tests' world follows.
         now = time.monotonic()
-        first = writes_first(status, plan.status, [a for a in plan.actions if self.expected.due(a, now)])
-        early = [a for a in plan.actions if not (first and needs_record(a))]
-        self._unwritten_since = unwritten_since(status, plan.status, first, self._unwritten_since, now)
+        delivery = deliver(status, plan, self._unwritten_since, now,
+                           due=[a for a in plan.actions if self.expected.due(a, now)])
+        self._unwritten_since = delivery.unwritten_since
         self._action_errors = {}  # the last step's refusals are in this status; this step's are collected anew
-        acting = asyncio.gather(*(self.carry_out(a, meta["uid"], spec, endpoints) for a in early))
+        acting = asyncio.gather(*(self.carry_out(a, meta["uid"], spec, endpoints) for a in delivery.beside))
         try:
-            if (plan.status != status or first) and self._unwritten_since is None:
+            if delivery.write:
                 self._written = await self.kube.write_status(pool, plan.status.to_wire())
                 version = str(self._written["metadata"]["resourceVersion"])
                 self._rewritten = not plan.actions
@@ -271,8 +264,7 @@ class PoolReconciler:
         failures = tuple(Event("Warning", CHILD_FAILED, message) for message in child_errors)
         for event in (*plan.events, *failures, *await self.autoscaler.actuate(plan.decision, version)):
             await self.emit(pool, event)
-        await asyncio.gather(*(self.carry_out(a, meta["uid"], spec, endpoints)
-                               for a in plan.actions if a not in early))
+        await asyncio.gather(*(self.carry_out(a, meta["uid"], spec, endpoints) for a in delivery.after))
         return plan.status.operation is not None or bool(plan.actions)
 
     def parse(self, pool: Manifest) -> tuple[GenRMPoolSpec, GenRMPoolStatus]:
