@@ -74,6 +74,8 @@ class ConditionType(StrEnum):
     """Another writer set spec.replicas and the autoscaler adopted it."""
     ROLLOUT_BLOCKED = "RolloutBlocked"
     """A rollout cannot go on: no room for a surge replica and maxUnavailable allows no drain first."""
+    RECONCILE_FAILED = "ReconcileFailed"
+    """The operator's reconcile step failed several times in a row (`core.retry`); gone once one succeeds."""
 
 
 AUTOSCALER_CONDITIONS = frozenset({
@@ -127,6 +129,7 @@ class Reason(StrEnum):
     ROLLOUT_PAUSED = "RolloutPaused"
     STRATEGY_CHANGED = "StrategyChanged"
     SURGE_BLOCKED = "SurgeBlocked"
+    RECONCILE_ERROR = "ReconcileError"
 
 
 class Condition(ApiModel):

@@ -59,6 +59,7 @@ from ..core.names import (
     VERIFICATION_MESSAGE_ANNOTATION,
 )
 from ..core.reconcile import reconcile
+from ..core.retry import Failure, Failures, failed_status
 from . import metrics
 from .autoscaler import PoolAutoscaler
 from .balancer import PoolBalancer
@@ -127,6 +128,10 @@ class PoolReconciler:
         """Each pod's view by (UID, resourceVersion), as the last step made it."""
         self._unwritten_since: float | None = None
         """Since when (monotonic) the status has had counts no write carried (`report_waits`)."""
+        self.failures = Failures()
+        """The steps that failed in a row (`core.retry`): their back-off, log lines and condition."""
+        self._stage = "read"
+        """The part of the running step, for a failure's log line and condition."""
 
     async def run(self, stopped: Callable[[], bool]) -> None:
         """Step until stopped; woken early by pool and pod events."""
@@ -150,8 +155,10 @@ class PoolReconciler:
                     self._await_echo()
                 try:
                     resync = ACTIVE_RESYNC_SECONDS if busy else IDLE_RESYNC_SECONDS
-                    await asyncio.wait_for(self.wake.wait(), min(resync, self.autoscaler.seconds_until_due(),
-                                                                 self.report_due()))
+                    due = min(resync, self.autoscaler.seconds_until_due(), self.report_due())
+                    # A failed step is retried after its back-off, whatever else seemed due; an event
+                    # still wakes the next step at once.
+                    await asyncio.wait_for(self.wake.wait(), self.failures.delay if self.failures.count else due)
                 except TimeoutError:
                     pass
         finally:
@@ -193,28 +200,61 @@ class PoolReconciler:
             self.wake.set()
 
     async def guarded_step(self) -> bool:
-        """One step with metrics; errors are logged and retried at the next resync."""
+        """One step with metrics; a failure is logged in one line and retried after its back-off
+        (`core.retry`), and a repeated one shows in the status."""
         started = time.monotonic()
         result = "success"
         self._rewritten = self._wake_on_echo = False
+        self._stage = "read"
         try:
-            return await self.step()
+            busy = await self.step()
+            self.failures = Failures()
+            return busy
         except Conflict:
             result = "conflict"
             self._refresh = True
             self.wake.set()
             return True
-        except Exception:
+        except Exception as exc:
             result = "error"
             # Counts left for later are not overdue for a step that failed: with them due, `run`
-            # would step again at once, not after the resync, for as long as the error lasts.
+            # would step again at once, not after the back-off, for as long as the error lasts.
             self._unwritten_since = None
             metrics.RECONCILE_ERRORS.labels(self.namespace, self.name).inc()
-            log.exception("reconcile of %s/%s failed", self.namespace, self.name)
+            await self.failed(exc)
             return True
         finally:
             metrics.RECONCILE_TOTAL.labels(self.namespace, self.name, result).inc()
             metrics.RECONCILE_SECONDS.labels(self.namespace, self.name).observe(time.monotonic() - started)
+
+    async def failed(self, exc: Exception) -> None:
+        """Log a failed step in one line with its context, its traceback only the first time that stage
+        fails with that error in a row (else at debug), and from the `REPEATED_FAILURES`-th failure on
+        write condition ReconcileFailed (best effort: the failure may be the status write itself)."""
+        text = api_message(exc) if isinstance(exc, ApiException) else str(exc)
+        failure = Failure(self._stage, type(exc).__name__, " ".join(text.split()))
+        new = self.failures.is_new(failure)
+        self.failures = self.failures.failed(failure, time.time())
+        log.warning("reconcile of %s/%s failed in stage %s (%d in a row, retry in %gs): %s: %s", self.namespace,
+                    self.name, failure.stage, self.failures.count, self.failures.delay, failure.error,
+                    failure.message, exc_info=exc if new else None)
+        if not new:
+            log.debug("reconcile of %s/%s: traceback", self.namespace, self.name, exc_info=exc)
+        pool = self.latest()
+        if pool is None or not self.failures.repeated:
+            return
+        try:
+            status = GenRMPoolStatus.model_validate(pool.get("status") or {})
+            shown = failed_status(status, self.failures, int(pool["metadata"].get("generation", 0)), time.time())
+            if shown is not status:
+                self._written = await self.kube.write_status(pool, shown.to_wire())
+        except Exception as write_exc:  # the step's own failure is what was reported
+            log.debug("condition ReconcileFailed of %s/%s not written: %s", self.namespace, self.name, write_exc)
+
+    def latest(self) -> Manifest | None:
+        """The newest copy of the pool this process has without a request (`read_pool`, no GET)."""
+        seen, written = self.watched(), self._written
+        return written if seen is None else (_newest(seen, written) or seen)
 
     async def step(self) -> bool:
         """Observe, decide, write status, act. Returns True while work is in progress."""
@@ -225,8 +265,10 @@ class PoolReconciler:
             return False
         meta = pool["metadata"]
         spec, status = self.parse(pool)
+        self._stage = "children"
         child_errors = (*await self.reconcile_children(meta["uid"], spec),
                         *self._action_errors.values())[:REPORTED_CHILD_ERRORS]
+        self._stage = "observe"
         pods = self.pods()
         endpoints = {
             p["metadata"]["name"]: Endpoint(ip, spec.gateway.control_port, self._token or "")
@@ -240,6 +282,7 @@ class PoolReconciler:
             child_errors=child_errors, metrics=await self.autoscaler.sample(spec.autoscaling, published, endpoints),
             gpu_products=self.products({v.node for v in views if v.node}),
         )
+        self._stage = "decide"
         plan = reconcile(observed)
         self.balancer.follow({n: endpoints[n] for n in published if n in endpoints}, self.watch.documents())
         version = str(meta.get("resourceVersion", ""))
@@ -247,6 +290,7 @@ class PoolReconciler:
         now = time.monotonic()
         delivery = deliver(status, plan, self._unwritten_since, now,
                            due=[a for a in plan.actions if self.expected.due(a, now)])
+        self._stage = "write"
         self._unwritten_since = delivery.unwritten_since
         self._action_errors = {}  # the last step's refusals are in this status; this step's are collected anew
         acting = asyncio.gather(*(self.carry_out(a, meta["uid"], spec, endpoints) for a in delivery.beside))
@@ -257,6 +301,7 @@ class PoolReconciler:
                 self._rewritten = not plan.actions
         finally:
             await acting  # never raises: carry_out logs failures
+        self._stage = "events"
         self.autoscaler.committed(plan.decision)
         metrics.observe_finished(self.namespace, self.name,
                                  [h for h in plan.status.history if h not in status.history])
@@ -264,6 +309,7 @@ class PoolReconciler:
         failures = tuple(Event("Warning", CHILD_FAILED, message) for message in child_errors)
         for event in (*plan.events, *failures, *await self.autoscaler.actuate(plan.decision, version)):
             await self.emit(pool, event)
+        self._stage = "act"
         await asyncio.gather(*(self.carry_out(a, meta["uid"], spec, endpoints) for a in delivery.after))
         return plan.status.operation is not None or bool(plan.actions)
 
@@ -306,12 +352,8 @@ class PoolReconciler:
         round trip: the status write is bound to the copy's resourceVersion, so a decision on an old
         spec is refused (Conflict) and made again on a fresh read."""
         seen, written = self.watched(), self._written
-        if not self._refresh and seen is not None:
-            if written is None:
-                return seen
-            with contextlib.suppress(KeyError, TypeError, ValueError):
-                newer = int(written["metadata"]["resourceVersion"]) > int(seen["metadata"]["resourceVersion"])
-                return written if newer else seen
+        if not self._refresh and seen is not None and (newest := _newest(seen, written)) is not None:
+            return newest
         self._refresh = False
         return await self.kube.get_pool(self.namespace, self.name)
 
@@ -423,6 +465,17 @@ class PoolReconciler:
             VERIFICATION_ANNOTATION: "passed" if passed else "failed",
             VERIFICATION_MESSAGE_ANNOTATION: f"{context}: {message}" if context else message,
         })
+
+
+def _newest(seen: Manifest, written: Manifest | None) -> Manifest | None:
+    """The newer of the watch's copy and this process's last write (by resourceVersion), or None when
+    they cannot be ordered (resourceVersions that are not integers)."""
+    if written is None:
+        return seen
+    with contextlib.suppress(KeyError, TypeError, ValueError):
+        newer = int(written["metadata"]["resourceVersion"]) > int(seen["metadata"]["resourceVersion"])
+        return written if newer else seen
+    return None
 
 
 def _target(action: Action | ChildAction) -> str:
