@@ -197,7 +197,7 @@ def test_the_merged_affinity_admits_the_users_nodes_of_the_pinned_product(
 ) -> None:
     user = required(node_terms) if node_terms else {}
     merged = placement.require_product({}, user, product)
-    users_choice = [t for t in node_terms if placement._constrains_product(t)]
+    users_choice = [t for t in node_terms if placement.constrains_product(t)]
     if schedulable(merged, labels):
         assert schedulable(user, labels), "the operator never widens the user's selector"
     if not users_choice:

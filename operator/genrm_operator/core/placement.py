@@ -40,7 +40,8 @@ def _terms(affinity: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return list((node_affinity.get(REQUIRED) or {}).get("nodeSelectorTerms") or [])
 
 
-def _constrains_product(term: Mapping[str, Any]) -> bool:
+def constrains_product(term: Mapping[str, Any]) -> bool:
+    """Whether a node selector term has an expression on the GPU product label: the user's choice."""
     return any(e.get("key") == GPU_PRODUCT_LABEL for e in term.get("matchExpressions") or [])
 
 
@@ -48,7 +49,7 @@ def user_pins_product(template: TemplateSpec) -> bool:
     """Whether the user's own nodeSelector, or every one of their required node selector terms,
     already constrains the GPU product: then the user chose, and the operator adds nothing."""
     terms = _terms(template.affinity)
-    return GPU_PRODUCT_LABEL in template.node_selector or (bool(terms) and all(map(_constrains_product, terms)))
+    return GPU_PRODUCT_LABEL in template.node_selector or (bool(terms) and all(map(constrains_product, terms)))
 
 
 def choose(spec: GenRMPoolSpec, replicas: Sequence[Replica], products: Mapping[str, str]) -> Placement | None:
@@ -113,7 +114,7 @@ def require_product(node_selector: Mapping[str, str], affinity: Mapping[str, Any
     node_affinity = merged.get("nodeAffinity") or {}
     required = node_affinity.get(REQUIRED) or {}
     required["nodeSelectorTerms"] = [
-        term if _constrains_product(term)
+        term if constrains_product(term)
         else {**term, "matchExpressions": [*(term.get("matchExpressions") or []), requirement]}
         for term in _terms(merged) or [{}]
     ]
