@@ -17,12 +17,13 @@ before creating pods; remove unpublished pods before serving ones).
 
 Pod-count bound (checked by the property tests and the e2e soak): pods that
 hold GPUs -- every pod of the pool, Terminating and Drained ones included,
-except failed ones (crashed, failed or never ready in time) -- never exceed
-``max(spec.replicas, their previous count)``: creates only fill the room that
-all those pods leave below ``spec.replicas``, so a scale-out waits for
-Terminating pods to go. A failed replica is replaced at once: if it once
-served it is fenced before deletion, so its replacement may briefly run beside
-it. A replica that never served is deleted with a grace period of
+except failed ones (crashed, failed, never ready in time or answering
+differently) -- never exceed ``max(spec.replicas, their previous count)``:
+creates only fill the room that all those pods leave below ``spec.replicas``,
+so a scale-out waits for Terminating pods to go. A failed replica is replaced
+without waiting for it to go (at once when it is the first failure in a row,
+else after the back-off: `back_off`): if it once served it is fenced before
+deletion, so its replacement may briefly run beside it. A replica that never served is deleted with a grace period of
 ``NEVER_SERVED_GRACE_SECONDS``: its preStop would otherwise hold its GPUs for
 the whole drain deadline, waiting for a drain nobody needs.
 """
