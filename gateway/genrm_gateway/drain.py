@@ -1,10 +1,9 @@
-"""The drain state machine the operator drives: Serving → SoftDrain → Fenced → Drained.
+"""The gateway's drain: the contract's state machine (``genrm_contract.drain``) driven by this
+process's clock, in-flight count and engine load.
 
-Why this shape: soft drain keeps admitting while endpoints stop routing to the pod (the
-propagation window), the fence refuses stragglers before any engine work with a retryable 503,
-and Drained is only declared once the exact in-flight count is zero and the engine itself has
-been idle for a quiet period, the proof the operator needs before deleting the pod. Every call
-carries a drain id so retries are idempotent and a stale caller cannot cancel someone else's drain.
+Why a wrapper: the transitions are the contract's, shared with the hollow replicas and the core
+tests' world; what is the gateway's own is acting on them (a fence closes admission, every entered
+state but Drained tells the connection registry) and where its idle fact comes from.
 """
 
 from __future__ import annotations
@@ -12,14 +11,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from genrm_contract.drain import DrainConflict as DrainConflict
+from genrm_contract.drain import DrainMachine
 from genrm_contract.sidecar import DrainState, Phase
 
 from genrm_gateway.admission import Admission
 from genrm_gateway.engine import EngineMonitor
-
-
-class DrainConflict(Exception):
-    """The request names another drain than the one in progress (HTTP 409)."""
 
 
 class DrainController:
@@ -28,69 +25,62 @@ class DrainController:
                  on_transition: Callable[[DrainState], None] = lambda state: None) -> None:
         self._admission = admission
         self._engine = engine
-        self._state = DrainState.SERVING
         self._on_transition = on_transition
-        self._fence_at: float | None = None
-        self.drain_id: str | None = None
-        self.quiet_seconds = quiet_seconds
-        self.propagation_seconds = propagation_seconds
+        self._machine = DrainMachine(quiet_seconds=quiet_seconds, propagation_seconds=propagation_seconds)
 
     @property
     def state(self) -> DrainState:
         """The current state; a deferred fence comes due, and Fenced turns into Drained (for good)
         once the quiet period held."""
-        if self._state is DrainState.SOFT_DRAIN and self._fence_at is not None and time.monotonic() >= self._fence_at:
-            self._fence()
-        if self._state is DrainState.FENCED:
-            idle = self.idle_seconds()
-            if idle is not None and idle >= self.quiet_seconds:
-                self._state = DrainState.DRAINED
-        return self._state
+        self._become(self._machine.at(time.monotonic(), self._idle_since()))
+        return self._machine.state
 
-    def idle_seconds(self) -> float | None:
-        """How long in-flight has been zero and the engine idle (or of unknown load); else None."""
+    @property
+    def drain_id(self) -> str | None:
+        return self._machine.drain_id
+
+    @property
+    def quiet_seconds(self) -> float:
+        return self._machine.quiet_seconds
+
+    @property
+    def propagation_seconds(self) -> float:
+        return self._machine.propagation_seconds
+
+    def _idle_since(self) -> float | None:
+        """Since when in-flight has been zero and the engine idle (or of unknown load); else None."""
         gateway_idle, engine_idle = self._admission.idle_since, self._engine.idle_since
         if gateway_idle is None or engine_idle is None:
             return None
-        return time.monotonic() - max(gateway_idle, engine_idle)
+        return max(gateway_idle, engine_idle)
+
+    def idle_seconds(self) -> float | None:
+        """How long in-flight has been zero and the engine idle (or of unknown load); else None."""
+        idle_since = self._idle_since()
+        return None if idle_since is None else time.monotonic() - idle_since
 
     def drain(self, drain_id: str, phase: Phase, quiet_seconds: float | None = None) -> None:
-        state = self.state
-        if state is not DrainState.SERVING and drain_id != self.drain_id:
-            raise DrainConflict(f"already draining under drain id {self.drain_id!r}")
-        if quiet_seconds is not None:
-            self.quiet_seconds = quiet_seconds
-        self.drain_id = drain_id
-        if phase is Phase.FENCE and state is DrainState.SERVING:
-            # A fence with no soft drain before it (a crashed replica being retired): clients on
-            # kept-alive connections are sent elsewhere first, for the propagation window, as a
-            # soft drain would; the fence follows by itself.
-            self._fence_at = time.monotonic() + self.propagation_seconds
-            self._enter(DrainState.SOFT_DRAIN)
-        elif phase is Phase.FENCE and state is DrainState.SOFT_DRAIN and self._fence_at is None:
-            self._fence()
-        elif phase is Phase.SOFT and state is DrainState.SERVING:
-            self._enter(DrainState.SOFT_DRAIN)
-
-    def _fence(self) -> None:
-        self._fence_at = None
-        self._admission.open = False
-        self._enter(DrainState.FENCED)
+        """Raises DrainConflict for another drain id than the one in progress."""
+        self._become(self._machine.drain(drain_id, phase, quiet_seconds, time.monotonic(), self._idle_since()))
 
     def undrain(self, drain_id: str) -> None:
-        state = self.state
-        if state is DrainState.SERVING:
-            return
-        if state is DrainState.DRAINED:
-            raise DrainConflict("the replica is drained; it cannot serve again")
-        if drain_id != self.drain_id:
-            raise DrainConflict(f"the drain in progress has drain id {self.drain_id!r}")
-        self._admission.open = True
-        self.drain_id = None
-        self._fence_at = None
-        self._enter(DrainState.SERVING)
+        """Raises DrainConflict once Drained or for another drain id."""
+        self._become(self._machine.undrain(drain_id, time.monotonic(), self._idle_since()))
 
-    def _enter(self, state: DrainState) -> None:
-        """Change state; the listener (the connection registry) acts on it before any await."""
-        self._state = state
-        self._on_transition(state)
+    def _become(self, machine: DrainMachine) -> None:
+        """Take the machine's next value and act on its transition: a fence closes admission, an
+        undrain opens it; the listener (the connection registry) acts on every entered state but
+        Drained before any await."""
+        before, self._machine = self._machine.state, machine
+        after = machine.state
+        if after is before:
+            return
+        if after is DrainState.SERVING:
+            self._admission.open = True
+            self._on_transition(DrainState.SERVING)
+            return
+        if before is DrainState.SERVING:
+            self._on_transition(DrainState.SOFT_DRAIN)  # every drain soft-drains first
+        if after in (DrainState.FENCED, DrainState.DRAINED) and before is not DrainState.FENCED:
+            self._admission.open = False
+            self._on_transition(DrainState.FENCED)

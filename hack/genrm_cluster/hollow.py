@@ -15,9 +15,9 @@ pod IP that speaks the drain protocol of `genrm_contract.sidecar`. So:
   (``--sim-startup-seconds`` of the engine, ``--quiet-seconds`` and ``--propagation-seconds`` of
   the gateway).
 * The replica implements the contract's control API (ready, live, state, drain, undrain, a small
-  ``/metrics``) with the gateway's drain state machine: Serving -> SoftDrain -> Fenced -> Drained
-  once fenced and idle for the quiet period (a fence without a soft drain first soft-drains for
-  the propagation window, as the gateway does); requests complete at once, so in-flight is 0.
+  ``/metrics``) with the gateway's own drain state machine (``genrm_contract.drain``): Serving ->
+  SoftDrain -> Fenced -> Drained once fenced and idle for the quiet period (a fence without a soft
+  drain first soft-drains for the propagation window); requests complete at once, so in-flight is 0.
   The traffic port answers ``/model_info``, ``/generate`` and ``/classify`` (and the control port
   the same under ``PROBE_PREFIX``, the operator's verification probes) with answers that depend
   only on the prompt and the sampling seed, so every replica of a pool agrees; refused with 503
@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from genrm_contract.drain import DrainConflict, DrainMachine
 from genrm_contract.sidecar import (
     CONTROL_PORT,
     DRAIN_PATH,
@@ -74,7 +75,6 @@ from genrm_contract.sidecar import (
     DrainRequest,
     DrainState,
     EngineReport,
-    Phase,
     Reason,
     Series,
     StateDocument,
@@ -107,17 +107,23 @@ class HollowReplica:
     propagation: float = PROPAGATION_SECONDS
     generation: bool = True
     registered: float = field(default_factory=time.monotonic)
-    state: DrainState = DrainState.SERVING
-    drain_id: str | None = None
-    fence_at: float | None = None
-    fenced: float = 0.0
+    machine: DrainMachine = field(init=False)
+    """The contract's drain state machine, the one the gateway runs."""
     idle_since: float = field(default_factory=time.monotonic)
+    """Requests complete at once and the engine has no load: idle since registration."""
     drained_at: float | None = None
     admitted: int = 0
     refused: int = 0
     versions: Versions = field(default_factory=Versions)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     """Set (and replaced) by every drain call, so waiting state polls look again at once."""
+
+    def __post_init__(self) -> None:
+        self.machine = DrainMachine(quiet_seconds=self.quiet, propagation_seconds=self.propagation)
+
+    @property
+    def drain_id(self) -> str | None:
+        return self.machine.drain_id
 
     def touch(self) -> None:
         self.changed.set()
@@ -127,49 +133,41 @@ class HollowReplica:
         """When the state changes with time alone: the engine comes up, a deferred fence, Drained."""
         if not self.engine_up(now):
             return self.registered + self.startup
-        if self.state is DrainState.SOFT_DRAIN and self.fence_at is not None:
-            return self.fence_at
-        if self.state is DrainState.FENCED:
-            return self.idle_since + self.quiet
-        return now + MAX_WAIT_SECONDS
+        due = self.machine.next_change(self.idle_since)
+        return now + MAX_WAIT_SECONDS if due is None else due
 
     def engine_up(self, now: float) -> bool:
         return now >= self.registered + self.startup
 
+    def _become(self, machine: DrainMachine, now: float) -> None:
+        if machine.state is DrainState.DRAINED and self.machine.state is not DrainState.DRAINED:
+            fenced = machine.fenced_at if machine.fenced_at is not None else now
+            self.drained_at = time.time() - (now - max(fenced, self.idle_since + machine.quiet_seconds))
+        self.machine = machine
+
     def current(self, now: float) -> DrainState:
         """The gateway's DrainController.state: a deferred fence comes due, a quiet fence is Drained."""
-        if self.state is DrainState.SOFT_DRAIN and self.fence_at is not None and now >= self.fence_at:
-            self.fenced, self.fence_at, self.state = self.fence_at, None, DrainState.FENCED
-        if self.state is DrainState.FENCED and now - self.idle_since >= self.quiet:
-            self.state = DrainState.DRAINED
-            self.drained_at = time.time() - (now - max(self.fenced, self.idle_since + self.quiet))
-        return self.state
+        self._become(self.machine.at(now, self.idle_since), now)
+        return self.machine.state
 
     def drain(self, request: DrainRequest, now: float) -> bool:
         """False: another drain is in progress (409)."""
-        state = self.current(now)
-        if state is not DrainState.SERVING and request.drain_id != self.drain_id:
+        try:
+            self._become(self.machine.drain(request.drain_id, request.phase, request.quiet_seconds, now,
+                                            self.idle_since), now)
+        except DrainConflict:
             return False
-        if request.quiet_seconds is not None:
-            self.quiet = request.quiet_seconds
-        self.drain_id = request.drain_id
-        if request.phase is Phase.FENCE and state is DrainState.SERVING:
-            self.fence_at, self.state = now + self.propagation, DrainState.SOFT_DRAIN
-        elif request.phase is Phase.FENCE and state is DrainState.SOFT_DRAIN and self.fence_at is None:
-            self.fenced, self.state = now, DrainState.FENCED
-        elif request.phase is Phase.SOFT and state is DrainState.SERVING:
-            self.state = DrainState.SOFT_DRAIN
         self.touch()
         return True
 
     def undrain(self, request: UndrainRequest, now: float) -> bool:
-        state = self.current(now)
-        if state is DrainState.SERVING:
-            return True
-        if state is DrainState.DRAINED or request.drain_id != self.drain_id:
+        before = self.machine.state
+        try:
+            self._become(self.machine.undrain(request.drain_id, now, self.idle_since), now)
+        except DrainConflict:
             return False
-        self.state, self.drain_id, self.fence_at = DrainState.SERVING, None, None
-        self.touch()
+        if self.machine.state is not before:
+            self.touch()
         return True
 
     def document(self, now: float) -> dict[str, Any]:

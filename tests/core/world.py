@@ -8,10 +8,11 @@ against *ground truth* rather than against the core's own view:
   annotations, deletion state, scheduler message and restart count; a deleted pod that ran
   is seen Terminating for a step in the terminal phase its kubelet gives it (Succeeded or
   Failed: 1.27+ kubelets and the local node agent end every deleted pod so) before it goes;
-- one gateway sidecar per pod with its drain state machine
-  (Serving -> SoftDrain -> Fenced -> Drained, the contract's ``genrm_contract.sidecar.DrainState``) and an
-  in-flight request count; fenced and drained sidecars refuse new requests, a fenced
-  sidecar becomes Drained only after in-flight stayed 0 for ``drain.quietSeconds``;
+- one gateway sidecar per pod running the gateway's own drain state machine (the contract's
+  ``genrm_contract.drain.DrainMachine``: Serving -> SoftDrain -> Fenced -> Drained, a fence with no
+  soft drain before it soft-drains for ``drain.propagationSeconds`` first) and an in-flight
+  request count; fenced and drained sidecars refuse new requests, a fenced sidecar becomes
+  Drained once in-flight has been 0 for ``drain.quietSeconds`` (its pod's, as the gateway's flags);
 - engine warm-up after scheduling (slow starts possible), a GPU capacity limit (pods
   beyond it stay Pending with the scheduler's Unschedulable message);
 - optionally nodes labelled with GPU products (``nodes``): the scheduler spreads a pod over the
@@ -47,6 +48,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from genrm_contract.drain import DrainConflict, DrainMachine
 from genrm_contract.sidecar import DrainState, Phase
 from genrm_operator.api.pool import GenRMPoolSpec, GenRMPoolStatus
 from genrm_operator.core.children import template_revision
@@ -78,12 +80,20 @@ class Violation(AssertionError):
 
 @dataclass
 class SimSidecar:
-    """The gateway sidecar of one pod."""
+    """The gateway sidecar of one pod: the gateway's drain state machine on the world's clock."""
 
-    state: DrainState = DrainState.SERVING
+    machine: DrainMachine = field(default_factory=DrainMachine)
     inflight: int = 0
-    drain_id: str | None = None
-    quiet_since: float | None = None
+    idle_since: float | None = 0.0
+    """When in-flight last became 0 (None while requests are in flight): the machine's quiet fact."""
+
+    @property
+    def state(self) -> DrainState:
+        return self.machine.state
+
+    @property
+    def drain_id(self) -> str | None:
+        return self.machine.drain_id
 
 
 @dataclass
@@ -240,19 +250,21 @@ class World:
     def arrive(self, pod: SimPod, count: int) -> None:
         if self.accepts_requests(pod):
             pod.sidecar.inflight += count
-            pod.sidecar.quiet_since = None
+            pod.sidecar.idle_since = None
 
     def finish(self, pod: SimPod, count: int) -> None:
         pod.sidecar.inflight = max(0, pod.sidecar.inflight - count)
+        if pod.sidecar.inflight == 0 and pod.sidecar.idle_since is None:
+            pod.sidecar.idle_since = self.now
 
     def crash(self, pod: SimPod) -> None:
         """The engine container restarts: in-flight requests are lost, warm-up starts again."""
         if pod.phase != "Running" or pod.deleting:
             return
         pod.restarts += 1
-        pod.sidecar.inflight = 0
+        if pod.sidecar.inflight:
+            pod.sidecar.inflight, pod.sidecar.idle_since = 0, self.now  # the lost requests end now
         pod.warm_at = None
-        pod.sidecar.quiet_since = None
         pod.rewarm_at = self.now + self.crash_warmup
 
     def fail(self, pod: SimPod) -> None:
@@ -364,13 +376,11 @@ class World:
             delay = startup + 10.0 if pod.slow else self.warmup
             if self.now >= max(pod.scheduled_at + delay, pod.rewarm_at):
                 pod.warm_at = self.now
-        quiet = float(self.spec.drain.quiet_seconds)
         for pod in self.pods.values():
             sc = pod.sidecar
-            if sc.state == DrainState.FENCED and sc.inflight == 0:
-                sc.quiet_since = self.now if sc.quiet_since is None else sc.quiet_since
-                if self.now - sc.quiet_since >= quiet:
-                    sc.state = DrainState.DRAINED
+            if sc.inflight == 0 and sc.idle_since is None:
+                sc.idle_since = self.now
+            sc.machine = sc.machine.at(self.now, sc.idle_since)
 
     # ----- observation -------------------------------------------------------------------------
 
@@ -477,20 +487,19 @@ class World:
                 if pod is None or not pod.reachable or did != drain_id(pod.uid):
                     return
                 sc = pod.sidecar
-                if sc.state != DrainState.SERVING and sc.drain_id != did:
+                try:
+                    sc.machine = sc.machine.drain(did, Phase(phase), None, self.now, sc.idle_since)
+                except DrainConflict:
                     return  # 409: another drain is in progress
-                sc.drain_id = did
-                if phase == Phase.FENCE and sc.state in (DrainState.SERVING, DrainState.SOFT_DRAIN):
-                    sc.state, sc.quiet_since = DrainState.FENCED, None
-                elif phase == Phase.SOFT and sc.state == DrainState.SERVING:
-                    sc.state = DrainState.SOFT_DRAIN
             case Undrain(name=name, drain_id=did):
                 pod = self.pods.get(name)
                 if pod is None or not pod.reachable:
                     return
                 sc = pod.sidecar
-                if sc.state in (DrainState.SOFT_DRAIN, DrainState.FENCED) and sc.drain_id == did:
-                    sc.state, sc.drain_id, sc.quiet_since = DrainState.SERVING, None, None
+                try:
+                    sc.machine = sc.machine.undrain(did, self.now, sc.idle_since)
+                except DrainConflict:
+                    return  # 409: drained, or another drain is in progress
             case _:
                 raise Violation(f"unknown action {action!r}")
 
@@ -511,8 +520,12 @@ class World:
             raise Violation(f"pod name {name} reused after its pod was seen and deleted")
         self.names_ever.add(name)
         self.uid_counter += 1
+        drain = self.spec.drain  # the gateway's --quiet-seconds and --propagation-seconds
+        sidecar = SimSidecar(DrainMachine(quiet_seconds=float(drain.quiet_seconds),
+                                          propagation_seconds=float(drain.propagation_seconds)),
+                             idle_since=self.now)
         pod = SimPod(name=name, uid=f"uid-{self.uid_counter}", ordinal=ordinal, created_at=self.now,
-                     revision=self.revision, required_product=product)
+                     revision=self.revision, required_product=product, sidecar=sidecar)
         if self.perturb_next:
             self.perturb_next -= 1
             pod.perturbed = True
