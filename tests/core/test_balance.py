@@ -49,22 +49,45 @@ def test_an_even_pool_sheds_nothing(connections: list[int]) -> None:
     assert connection_sheds(pool(even)) == {}
 
 
-@settings(max_examples=200)
-@given(total=st.integers(min_value=1, max_value=128), replicas=st.integers(min_value=2, max_value=8),
-       seed=st.integers(min_value=0, max_value=2**32 - 1))
-def test_uniform_reconnects_converge(total: int, replicas: int, seed: int) -> None:
-    """All connections start on one replica (a scale-out from one); each shed connection reconnects
-    to a replica chosen uniformly at random (kube-proxy). Within a few dozen rounds the pool is even,
-    and the connection count never changes."""
+def rounds_to_converge(total: int, replicas: int, seed: int, limit: int) -> int | None:
+    """Rounds until every replica is at most the ceiling, from all connections on one replica (a
+    scale-out from one), each shed connection reconnecting to a replica chosen uniformly at random
+    (kube-proxy); None past ``limit``. The connection count never changes."""
     rng = random.Random(seed)
     connections = [total] + [0] * (replicas - 1)
-    for _ in range(60):
-        for name, n in connection_sheds(pool(connections)).items():
+    for done in range(limit + 1):
+        sheds = connection_sheds(pool(connections))
+        if not sheds:
+            assert max(connections) <= fair_ceiling(total, replicas), connections
+            return done
+        for name, n in sheds.items():
             connections[int(name[1:])] -= n
             for _ in range(n):
                 connections[rng.randrange(replicas)] += 1
         assert sum(connections) == total
-    assert max(connections) <= fair_ceiling(total, replicas), connections
+    return None
+
+
+@settings(max_examples=200, derandomize=True)
+@given(total=st.integers(min_value=1, max_value=128), replicas=st.integers(min_value=2, max_value=8),
+       seed=st.integers(min_value=0, max_value=2**32 - 1))
+def test_uniform_reconnects_converge(total: int, replicas: int, seed: int) -> None:
+    """Every pool converges. The bound is 120 rounds, not 60: where nearly every replica must sit at
+    the ceiling (C mod P = P - 1), a replica one over it hands back two, and both must land on the
+    replicas with room, so the last rounds are a geometric wait (a 60-round run found one such case
+    in about 1,300; none in 20,000 needed more than 120)."""
+    assert rounds_to_converge(total, replicas, seed, 120) is not None
+
+
+def test_nearly_every_pool_converges_within_sixty_rounds() -> None:
+    """Sixty rounds are a minute after a publish (1 s rounds for 30 s, then 2 s): 2,000 seeded pools of
+    1-128 connections over 2-8 replicas, at least 99.5% even by then, and half within 8 rounds."""
+    rng = random.Random(7)
+    rounds = [rounds_to_converge(rng.randint(1, 128), rng.randint(2, 8), rng.randrange(2**32), 60)
+              for _ in range(2000)]
+    converged = sorted(r for r in rounds if r is not None)
+    assert len(converged) >= 0.995 * len(rounds), len(rounds) - len(converged)
+    assert converged[len(converged) // 2] <= 8, converged[len(converged) // 2]
 
 
 def sample(at: float, connections: list[int], requests: list[int]) -> Sample:
