@@ -219,22 +219,27 @@ def render() -> str:
     return header + yaml.dump(crd(), Dumper=_PlainDumper, sort_keys=False, width=120)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Write or check the generated files."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--check", action="store_true", help="fail if the committed CRD files are stale")
+def write_or_check(argv: list[str] | None, what: str, targets: list[Path], text: str, make_target: str) -> int:
+    """The generators' command line: write ``text`` to every target, or with ``--check`` exit 1
+    naming each target that differs (so ``make test`` fails on a stale generated file)."""
+    parser = argparse.ArgumentParser(description=f"Write or check {what}.")
+    parser.add_argument("--check", action="store_true", help=f"fail if the committed {what} is stale")
     args = parser.parse_args(argv)
-    text = render()
-    stale = [p for p in TARGETS if not p.exists() or p.read_text() != text]
+    stale = [p for p in targets if not p.exists() or p.read_text() != text]
     if args.check:
         for path in stale:
-            print(f"{path.relative_to(REPO)} is stale: run `make crds`", file=sys.stderr)
+            print(f"{path.relative_to(REPO)} is stale: run `make {make_target}`", file=sys.stderr)
         return 1 if stale else 0
-    for path in TARGETS:
+    for path in targets:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         print(f"wrote {path.relative_to(REPO)}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write or check the generated CRD files."""
+    return write_or_check(argv, "CRD", list(TARGETS), render(), "crds")
 
 
 if __name__ == "__main__":

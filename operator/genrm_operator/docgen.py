@@ -12,7 +12,6 @@ explain`` use, and a change to a model reaches this page only through ``make doc
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -235,19 +234,7 @@ def render() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Write or check docs/reference.md."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--check", action="store_true", help="fail if the committed reference is stale")
-    args = parser.parse_args(argv)
-    text = render()
-    if args.check:
-        if not TARGET.exists() or TARGET.read_text() != text:
-            print(f"{TARGET.relative_to(crdgen.REPO)} is stale: run `make docs`", file=sys.stderr)
-            return 1
-        return 0
-    TARGET.parent.mkdir(parents=True, exist_ok=True)
-    TARGET.write_text(text)
-    print(f"wrote {TARGET.relative_to(crdgen.REPO)}")
-    return 0
+    return crdgen.write_or_check(argv, "reference", [TARGET], render(), "docs")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,29 +10,14 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from genrm_testing import CONTROL_TOKEN, RunningSim, run_gateway, run_sim
+from genrm_testing import CONTROL_TOKEN, RunningGateway, RunningSim, run_gateway, run_sim
 
 TOKEN = CONTROL_TOKEN
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 
 
-@dataclass(frozen=True)
-class Gateway:
-    """A running ``genrm-gateway serve`` process."""
-
-    port: int
-    control_port: int
-    process: subprocess.Popen[bytes]
-
-    @property
-    def url(self) -> str:
-        """The traffic port."""
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def control(self) -> str:
-        """The control port: probes, drain API, metrics."""
-        return f"http://127.0.0.1:{self.control_port}"
+class Gateway(RunningGateway):
+    """A running ``genrm-gateway serve`` process, with its state document at hand."""
 
     def state(self) -> dict[str, object]:
         document: dict[str, object] = httpx.get(f"{self.control}/v1/state", headers=AUTH).json()
@@ -61,7 +45,7 @@ class Stack(Gateway):
 def gateway_process(engine_url: str, *gateway_args: str, wait_ready_probe: bool = True) -> Iterator[Gateway]:
     """A gateway for ``engine_url`` with short drain windows, once its probe answers."""
     with run_gateway(engine_url, *gateway_args, ready=wait_ready_probe) as running:
-        yield Gateway(running.port, running.control_port, running.process)
+        yield Gateway(running.process, running.port, running.control_port)
 
 
 def sent_unread(port: int, data: bytes, seconds: float = 3.0) -> socket.socket:
@@ -88,7 +72,7 @@ def gateway_stack(*gateway_args: str, sim_args: tuple[str, ...] = (), wait_ready
                   ) -> Iterator[Stack]:
     with run_sim("--random-seed", "3", *sim_args, ready_path=None) as sim, \
             gateway_process(sim.url, *gateway_args, wait_ready_probe=wait_ready_probe) as gateway:
-        yield Stack(gateway.port, gateway.control_port, gateway.process, sim)
+        yield Stack(gateway.process, gateway.port, gateway.control_port, sim)
 
 
 @pytest.fixture(scope="module")
