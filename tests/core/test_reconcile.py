@@ -51,7 +51,8 @@ from genrm_operator.core.model import (
     writes_first,
 )
 from genrm_operator.core.names import drain_id
-from genrm_operator.core.reconcile import NEVER_SERVED_GRACE_SECONDS, create_backoff, ordinal_of, reconcile
+from genrm_operator.core.reconcile import create_backoff, reconcile
+from genrm_operator.core.step import NEVER_SERVED_GRACE_SECONDS, ordinal_of
 from genrm_operator.core.victims import choose_victims
 
 from .world import POOL, START, Ev, World, replace

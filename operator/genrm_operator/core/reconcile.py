@@ -30,15 +30,13 @@ the whole drain deadline, waiting for a drain nobody needs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from genrm_contract.sidecar import DrainState
 
 from ..api.base import format_time
 from ..api.pool import GenRMPoolStatus
 from ..api.status import (
-    HISTORY_LIMIT,
     AddedPod,
     Condition,
     ConditionStatus,
@@ -46,44 +44,51 @@ from ..api.status import (
     HistoryEntry,
     Operation,
     OperationType,
-    Outcome,
     Phase,
-    Placement,
     Reason,
     Victim,
 )
 from . import placement
 from .autoscale import Scaling, autoscale
-from .children import template_revision
 from .childrenplan import CHILD_FAILED
-from .classify import Replica, Role, classify
+from .classify import Replica, Role
 from .clock import instant, stamp
 from .conditions import set_condition
 from .model import (
-    Action,
     CreatePod,
     DeletePod,
     Drain,
-    Event,
     Observed,
     Plan,
-    PodView,
     SetPublished,
     Undrain,
     Verify,
 )
 from .names import drain_id, pod_name, selector
+from .step import (
+    VICTIM_PHASES,
+    WARNING_OUTCOMES,
+    Step,
+    begin,
+    counts,
+    delete,
+    emit,
+    failure_detail,
+    failure_text,
+    finish,
+    gpu_holders,
+    ordinal_of,
+    pending_creates,
+    role,
+    set_phase,
+    victim_names,
+)
 from .victims import choose_victims
 
 BACKOFF_BASE_SECONDS = 10.0
 BACKOFF_MAX_SECONDS = 300.0
-NEVER_SERVED_GRACE_SECONDS = 2
 PROGRESSING_REASONS = {OperationType.SCALE_OUT: Reason.SCALING_OUT, OperationType.SCALE_IN: Reason.SCALING_IN,
                        OperationType.ROLLOUT: Reason.ROLLING_OUT}
-VICTIM_PHASES = [Phase.UNPUBLISHING, Phase.FENCING, Phase.DRAINING, Phase.REMOVING]
-"""A victim's phases in order: an operation with several victims is in the least advanced one."""
-WARNING_OUTCOMES = (Phase.PARTIAL, Phase.FAILED)
-"""Ends the user must see: a Warning event, and the reason stays in Progressing and Degraded."""
 
 
 def reconcile(obs: Observed) -> Plan:
@@ -106,24 +111,6 @@ def reconcile(obs: Observed) -> Plan:
     scaling = autoscale(obs, s.replicas)
     return Plan(status=next_status(s, op, scaling), actions=tuple(s.actions),
                 events=(*s.events, *scaling.events), decision=scaling.decision)
-
-
-def ordinal_of(pool: str, name: str) -> int | None:
-    """The ordinal encoded in a replica pod name, if it is one of ours."""
-    prefix = f"{pool}-"
-    tail = name[len(prefix):] if name.startswith(prefix) else ""
-    return int(tail) if tail.isdigit() else None
-
-
-def failure_detail(r: Replica) -> str:
-    """What a failed replica showed beyond its reason: a mismatch's verification message (both
-    replicas with their nodes and GPU products, and the first answers that differ)."""
-    return r.pod.verification_message if r.failure == Reason.REPLICA_INCONSISTENT else ""
-
-
-def failure_text(reason: str, detail: str) -> str:
-    """``ReplicaInconsistent: judge-1 on node ...``, or the reason alone when there is no detail."""
-    return f"{reason}: {detail}" if detail else reason
 
 
 @dataclass(frozen=True)
@@ -184,147 +171,6 @@ def create_backoff(history: list[HistoryEntry], now: float) -> float:
     """Seconds until new pods may be created (`back_off`); 0 when they may be now."""
     held = back_off(history)
     return max(0.0, held.until - now) if held is not None else 0.0
-
-
-@dataclass
-class Step:
-    """The small state of one pure reconcile step: what it decides from, and what it has decided so
-    far. The operation is not here: every function that moves it takes it and returns the next one.
-    """
-
-    obs: Observed
-    replicas: list[Replica]
-    """The pool's pods with their roles (`classify`), in the order observed."""
-    revision: str
-    """The current pod template's revision: pods with another one are outdated."""
-    next_ordinal: int
-    placement: Placement | None
-    """The GPU product new replicas are required onto, if any (`placement.choose`)."""
-    misplaced: set[str]
-    """Never-served replicas on another GPU product than the pin: replaced, never verified."""
-    op_count: int
-    history: list[HistoryEntry]
-    actions: list[Action] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)
-    blocked: str = ""
-    """Why a rollout cannot go on (condition RolloutBlocked), or ''."""
-    carried: list[AddedPod] = field(default_factory=list)
-    """Unobserved creates of a scale-out that finished this step: still counted, retried if resumed."""
-    by_name: dict[str, Replica] = field(init=False)
-
-    @property
-    def now(self) -> float:
-        return self.obs.now
-
-    @property
-    def desired(self) -> int:
-        return self.obs.spec.replicas
-
-    @property
-    def status(self) -> GenRMPoolStatus:
-        """The status the step started from."""
-        return self.obs.status
-
-    @property
-    def products(self) -> Mapping[str, str]:
-        return self.obs.gpu_products
-
-    def __post_init__(self) -> None:
-        self.by_name = {r.pod.name: r for r in self.replicas}
-
-
-def begin(obs: Observed) -> Step:
-    """The state a step starts from: the pods classified once, the template's revision, the pin."""
-    spec, status = obs.spec, obs.status
-    replicas = classify(obs.pods, obs.sidecars, obs.now, float(spec.engine.startup_timeout_seconds))
-    ordinals = [o for r in replicas if (o := ordinal_of(obs.name, r.pod.name)) is not None]
-    pin = placement.choose(spec, replicas, obs.gpu_products)
-    return Step(
-        obs=obs, replicas=replicas, revision=template_revision(obs.name, spec),
-        next_ordinal=max([status.next_ordinal, *(o + 1 for o in ordinals)]), placement=pin,
-        misplaced={r.pod.name for r in replicas if pin is not None and placement.misplaced(r, pin, obs.gpu_products)},
-        op_count=status.operation_count, history=list(status.history),
-    )
-
-
-# ----- bookkeeping -----------------------------------------------------------------------------
-
-
-def emit(s: Step, reason: str, message: str, warning: bool = False) -> None:
-    s.events.append(Event("Warning" if warning else "Normal", reason, message))
-
-
-def role(s: Step, role_: Role) -> list[Replica]:
-    return [r for r in s.replicas if r.role is role_]
-
-
-def victim_names(op: Operation | None) -> set[str]:
-    """The replicas a scale-in or rollout ``op`` is taking away."""
-    return {v.name for v in op.victims} if op is not None and op.type is not OperationType.SCALE_OUT else set()
-
-
-def pending_creates(s: Step, op: Operation | None) -> list[AddedPod]:
-    """Pods ``op`` created that the index has not shown yet (create may be lost); with no operation,
-    those a scale-out that finished this step left (`Step.carried`)."""
-    if op is None:
-        return [a for a in s.carried if a.name not in s.by_name]
-    if op.type is OperationType.SCALE_IN:
-        return []
-    return [a for a in op.added_pods if not a.observed and a.name not in s.by_name]
-
-
-def counts(s: Step, op: Operation | None) -> tuple[int, int, int]:
-    """Serving, starting (incl. pending creates) and draining replicas outside ``op``'s victims."""
-    victims = victim_names(op)
-
-    def n(role_: Role) -> int:
-        return sum(1 for r in role(s, role_) if r.pod.name not in victims)
-    return n(Role.SERVING), n(Role.STARTING) + len(pending_creates(s, op)), n(Role.DRAINING)
-
-
-def gpu_holders(s: Step, op: Operation | None) -> int:
-    """Pods counted by the pod-count bound (module docstring), unobserved creates included."""
-    return len(s.replicas) - len(role(s, Role.FAILED)) + len(pending_creates(s, op))
-
-
-def delete(s: Step, pod: PodView) -> None:
-    """Delete a replica: one that never served at once, any other with its drain period."""
-    if pod.published or pod.ever_published:
-        s.actions.append(DeletePod(pod.name, pod.uid))
-    else:
-        s.actions.append(DeletePod(pod.name, pod.uid, NEVER_SERVED_GRACE_SECONDS, pod.resource_version))
-
-
-def set_phase(s: Step, op: Operation, phase: Phase, message: str = "") -> Operation:
-    """``op`` in ``phase`` (validated against its type).
-
-    A phase change posts no Event: the phase is in ``status.operation``, and the Events are
-    kept to what a user acts on (an operation started or ended, a replica published, victims
-    chosen, warnings), about one per action as Kubernetes' own controllers post. An Event per
-    phase was a large share of the operator's API writes in a scale storm
-    (figures: docs/performance.md#measurements-behind-the-code).
-    """
-    if op.phase == phase and op.message == message:
-        return op
-    if op.phase != phase:
-        return op.evolve(phase=phase, message=message, last_transition_time=stamp(s.now))
-    return op.evolve(message=message)
-
-
-def finish(s: Step, op: Operation, outcome: Outcome, reason: str, message: str) -> None:
-    """Move the operation to history: the caller's next operation is none."""
-    forced = sum(1 for v in op.victims if v.forced)
-    if op.type is not OperationType.SCALE_IN:
-        s.carried = [a for a in op.added_pods if not a.observed and a.name not in s.by_name]
-    s.history.append(HistoryEntry(
-        id=op.id, type=op.type, from_=op.from_, to=op.to, outcome=outcome, reason=reason, message=message,
-        started_at=op.started_at, finished_at=stamp(s.now),
-        duration_seconds=round(max(0.0, s.now - op.started_at.timestamp()), 3), forced_drains=forced,
-    ))
-    s.history = s.history[-HISTORY_LIMIT:]
-    warning = outcome in WARNING_OUTCOMES
-    emit(s, f"{op.type}{outcome}", f"{op.id} {op.type} {op.from_}->{op.to}: {outcome} ({reason}). {message}"
-         .strip(), warning)
 
 
 # ----- the step --------------------------------------------------------------------------------
