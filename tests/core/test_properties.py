@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 
 from genrm_operator.api.pool import GenRMPoolSpec
-from genrm_operator.core.reconcile import BACKOFF_MAX_SECONDS
+from genrm_operator.core.backoff import BACKOFF_MAX_SECONDS
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 

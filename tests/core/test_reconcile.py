@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 from genrm_operator.api.pool import GenRMPoolSpec, GenRMPoolStatus
 from genrm_operator.api.status import HISTORY_LIMIT, HistoryEntry, Operation, Phase
+from genrm_operator.core.backoff import create_backoff
 from genrm_operator.core.children import template_revision
 from genrm_operator.core.classify import Replica, Role, classify, failure_reason
 from genrm_operator.core.clock import stamp
@@ -51,7 +52,7 @@ from genrm_operator.core.model import (
     writes_first,
 )
 from genrm_operator.core.names import drain_id
-from genrm_operator.core.reconcile import create_backoff, reconcile
+from genrm_operator.core.reconcile import reconcile
 from genrm_operator.core.step import NEVER_SERVED_GRACE_SECONDS, ordinal_of
 from genrm_operator.core.victims import choose_victims
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from genrm_operator.api.status import ConditionType, OperationType, Phase
+from genrm_operator.core.backoff import create_backoff
 from genrm_operator.core.conditions import find
 from genrm_operator.core.model import DeletePod, Drain
-from genrm_operator.core.reconcile import create_backoff
 from genrm_operator.core.step import NEVER_SERVED_GRACE_SECONDS
 
 from .test_reconcile import converged_world, reasons, run_until
