@@ -32,11 +32,8 @@ from __future__ import annotations
 
 from genrm_contract.sidecar import DrainState
 
-from ..api.pool import GenRMPoolStatus
 from ..api.status import (
     AddedPod,
-    Condition,
-    ConditionStatus,
     ConditionType,
     Operation,
     OperationType,
@@ -45,12 +42,10 @@ from ..api.status import (
     Victim,
 )
 from . import placement
-from .autoscale import Scaling, autoscale
-from .backoff import BackOff, back_off, create_backoff
-from .childrenplan import CHILD_FAILED
+from .autoscale import autoscale
+from .backoff import back_off, create_backoff
 from .classify import Replica, Role
 from .clock import instant, stamp
-from .conditions import set_condition
 from .model import (
     CreatePod,
     DeletePod,
@@ -61,10 +56,10 @@ from .model import (
     Undrain,
     Verify,
 )
-from .names import drain_id, pod_name, selector
+from .names import drain_id, pod_name
+from .pool_status import next_status
 from .step import (
     VICTIM_PHASES,
-    WARNING_OUTCOMES,
     Step,
     begin,
     counts,
@@ -81,9 +76,6 @@ from .step import (
     victim_names,
 )
 from .victims import choose_victims
-
-PROGRESSING_REASONS = {OperationType.SCALE_OUT: Reason.SCALING_OUT, OperationType.SCALE_IN: Reason.SCALING_IN,
-                       OperationType.ROLLOUT: Reason.ROLLING_OUT}
 
 
 def reconcile(obs: Observed) -> Plan:
@@ -555,100 +547,3 @@ def advance_victim(s: Step, v: Victim, propagation: float, timeout: float,
         s.actions.append(DeletePod(pod.name, pod.uid))
         return v.evolve(forced=True, drained_at=stamp(now)), Phase.REMOVING, ""
     return v, Phase.DRAINING, message
-
-
-# ----- status ----------------------------------------------------------------------------------
-
-
-def next_status(s: Step, op: Operation | None, scaling: Scaling) -> GenRMPoolStatus:
-    """The whole status: the state machine's counts and conditions, then the autoscaler's."""
-    serving, starting, draining = counts(s, op)
-    live = [r for r in s.replicas if r.role is not Role.TERMINATING]
-    victims_left = sum(1 for v in op.victims if v.name in s.by_name) if op and \
-        op.type is not OperationType.SCALE_OUT else 0
-    victims = victim_names(op)
-    drained = sum(1 for r in role(s, Role.DRAINED) if r.pod.name not in victims)  # victims are counted above
-    held = back_off(s.history)
-    if held is not None and (held.until <= s.now or serving + starting >= s.desired):
-        held = None  # creates may go, or none is needed: nothing is held back
-    conds = [
-        available(s, serving),
-        progressing(s, op, serving, starting, draining, held),
-        degraded(s, serving, draining + drained + victims_left, held),
-    ]
-    if op is not None and op.type is OperationType.ROLLOUT:
-        conds.append(condition(s, ConditionType.ROLLOUT_BLOCKED, bool(s.blocked),
-                               Reason.SURGE_BLOCKED if s.blocked else Reason.AS_EXPECTED, s.blocked))
-    revisions = {r.pod.revision for r in live}
-    return s.status.evolve(
-        updated_replicas=sum(1 for r in live if r.pod.revision == s.revision),
-        update_revision=s.revision,
-        current_revision=s.revision if revisions <= {s.revision} else s.status.current_revision
-        or min(revisions - {s.revision}),
-        observed_generation=s.obs.generation,
-        replicas=len(live),
-        ready_replicas=sum(1 for r in live if r.pod.ready),
-        serving_replicas=sum(1 for r in role(s, Role.SERVING)),
-        draining_replicas=draining + drained + victims_left,
-        selector=selector(s.obs.name),
-        next_ordinal=s.next_ordinal,
-        conditions=[*conds, *scaling.conditions],
-        autoscaler=scaling.status,
-        placement=s.placement,
-        operation=op,
-        operation_count=s.op_count,
-        history=s.history,
-    )
-
-
-def condition(s: Step, type_: ConditionType, holds: bool, reason: str, message: str) -> Condition:
-    """``type_`` as this step sees it, keeping its transition time unless its status flips."""
-    status = ConditionStatus.TRUE if holds else ConditionStatus.FALSE
-    return set_condition(s.status.conditions, type_, status, reason, message, s.now, s.obs.generation)
-
-
-def available(s: Step, serving: int) -> Condition:
-    if s.desired == 0:
-        return condition(s, ConditionType.AVAILABLE, True, Reason.SCALED_TO_ZERO, "no replicas requested")
-    if serving > 0:
-        return condition(s, ConditionType.AVAILABLE, True, Reason.REPLICAS_SERVING,
-                         f"{serving}/{s.desired} replicas serving")
-    return condition(s, ConditionType.AVAILABLE, False, Reason.NO_SERVING_REPLICAS, "no replica is serving")
-
-
-def progressing(s: Step, op: Operation | None, serving: int, starting: int, draining: int,
-                held: BackOff | None) -> Condition:
-    if op is not None:
-        if op.phase is Phase.PAUSED:
-            return condition(s, ConditionType.PROGRESSING, False, Reason.ROLLOUT_PAUSED,
-                             f"{op.id} paused by spec.paused: {op.message}")
-        return condition(s, ConditionType.PROGRESSING, True, PROGRESSING_REASONS[op.type],
-                         f"{op.id} {op.phase}: {op.message}")
-    if serving == s.desired and starting == 0 and draining == 0:
-        return condition(s, ConditionType.PROGRESSING, False, Reason.AT_TARGET, f"{serving} replicas serving")
-    if held is not None:
-        return condition(s, ConditionType.PROGRESSING, False, held.reason,
-                         f"{serving}/{s.desired} serving; {starting} starting; {held.resumes()}")
-    last = s.history[-1] if s.history else None
-    reason = last.reason if last is not None and last.outcome in WARNING_OUTCOMES else ""
-    return condition(s, ConditionType.PROGRESSING, False, reason or Reason.WAITING,
-                     f"{serving}/{s.desired} serving; {starting} starting")
-
-
-def degraded(s: Step, serving: int, surplus: int, held: BackOff | None) -> Condition:
-    """Degraded while a replica failed, creates back off after failures (`back_off`, with when
-    they resume), or the last operation fell short; False otherwise."""
-    failed = role(s, Role.FAILED)
-    last = s.history[-1] if s.history else None
-    if s.obs.child_errors:
-        return condition(s, ConditionType.DEGRADED, True, CHILD_FAILED, "; ".join(s.obs.child_errors))
-    if failed:
-        inconsistent = all(r.failure == Reason.REPLICA_INCONSISTENT for r in failed)
-        detail = "; ".join(f"{r.pod.name}: {failure_text(r.failure, failure_detail(r))}" for r in failed)
-        return condition(s, ConditionType.DEGRADED, True,
-                         Reason.REPLICA_INCONSISTENT if inconsistent else Reason.REPLICA_FAILED, detail)
-    if held is not None:
-        return condition(s, ConditionType.DEGRADED, True, held.reason, held.message())
-    if last is not None and last.outcome in WARNING_OUTCOMES and (serving != s.desired or surplus):
-        return condition(s, ConditionType.DEGRADED, True, last.reason or Reason.OPERATION_FAILED, last.message)
-    return condition(s, ConditionType.DEGRADED, False, Reason.AS_EXPECTED, "")
