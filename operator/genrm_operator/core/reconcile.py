@@ -45,10 +45,9 @@ from . import placement
 from .autoscale import autoscale
 from .backoff import back_off, create_backoff
 from .classify import Replica, Role
-from .clock import instant, stamp
+from .clock import stamp
 from .model import (
     CreatePod,
-    DeletePod,
     Drain,
     Observed,
     Plan,
@@ -58,6 +57,7 @@ from .model import (
 )
 from .names import drain_id, pod_name
 from .pool_status import next_status
+from .scale_in import advance_scale_in, advance_victims
 from .step import (
     VICTIM_PHASES,
     Step,
@@ -454,96 +454,3 @@ def finish_or_phase_rollout(s: Step, op: Operation, old: list[Replica], waiting:
                      "allows no outdated replica to drain first")
         emit(s, ConditionType.ROLLOUT_BLOCKED, s.blocked, warning=True)
     return set_phase(s, op, phase, progress)
-
-
-# ----- scale-in --------------------------------------------------------------------------------
-
-
-def advance_scale_in(s: Step, op: Operation) -> Operation | None:
-    if op.phase is Phase.PENDING:
-        return select_victims(s, op)
-    victims, phases, failure = advance_victims(s, op.victims)
-    op = op.evolve(victims=victims)
-    left = [p for p in phases if p is not None]
-    if failure:
-        finish(s, op, Phase.FAILED, Reason.DRAIN_TIMEOUT, failure)
-        return None
-    if not left:
-        finish(s, op, Phase.SUCCEEDED, Reason.TARGET_REACHED, f"removed {len(victims)} replica(s)")
-        return None
-    return set_phase(s, op, min(left, key=VICTIM_PHASES.index), f"{len(left)} victim(s) left")
-
-
-def select_victims(s: Step, op: Operation) -> Operation:
-    """Fix the victims in status before any side effect touches them."""
-    serving, starting, draining = counts(s, op)
-    candidates = [r for r in s.replicas if r.role in (Role.SERVING, Role.STARTING, Role.DRAINING)]
-    chosen = choose_victims(candidates, serving + starting + draining - s.desired, s.revision)
-    victims = [Victim(name=r.pod.name, uid=r.pod.uid, needs_drain=r.pod.ever_published) for r in chosen]
-    emit(s, "VictimsSelected", ", ".join(v.name for v in victims) or "none")
-    # The message the next step keeps while it unpublishes: that step then has nothing to write
-    # before its actions (the victims' names are in the VictimsSelected event).
-    return set_phase(s, op.evolve(victims=victims), Phase.UNPUBLISHING, f"{len(victims)} victim(s) left")
-
-
-def advance_victims(s: Step, victims: list[Victim]) -> tuple[list[Victim], list[Phase | None], str]:
-    """Move every victim along: the victims, each one's phase (None when gone) and the first failure."""
-    drain = s.obs.spec.drain
-    moved: list[Victim] = []
-    phases: list[Phase | None] = []
-    failure = ""
-    for v in victims:
-        v, phase, problem = advance_victim(s, v, drain.propagation_seconds, drain.timeout_seconds, drain.on_timeout)
-        moved.append(v)
-        phases.append(phase)
-        failure = failure or problem
-    return moved, phases, failure
-
-
-def advance_victim(s: Step, v: Victim, propagation: float, timeout: float,
-                   on_timeout: str) -> tuple[Victim, Phase | None, str]:
-    """Move one victim along; returns it, its phase (None when gone) and a failure message."""
-    r = s.by_name.get(v.name)
-    if r is None or r.pod.uid != v.uid:
-        return v, None, ""
-    pod, now = r.pod, s.now
-    if r.role is Role.TERMINATING:
-        return v, Phase.REMOVING, ""
-    if not v.needs_drain and (pod.published or pod.ever_published):
-        # Chosen from a pod list that predated its publication: it may be serving, so drain it.
-        v = v.evolve(needs_drain=True)
-    if r.role is Role.FAILED or not v.needs_drain or v.drained_at is not None or r.role is Role.DRAINED:
-        if r.role is Role.DRAINED and v.drained_at is None:
-            v = v.evolve(drained_at=stamp(now))
-        delete(s, pod)
-        return v, Phase.REMOVING, ""
-    did = drain_id(pod.uid)
-    state = r.sidecar.state if r.sidecar is not None else None
-    if pod.published or v.unpublished_at is None or now - v.unpublished_at.timestamp() < propagation:
-        # The propagation window counts from the first step that sees the pod unpublished, which
-        # is after the label change reached the API server: counted from when the unpublish was
-        # sent, it would lose the patch's own latency, and an unpublish lost to an operator crash
-        # must not start it at all. While the pod is seen published nothing is recorded, so the
-        # unpublish goes out in the step right after the victims were written, with no write of
-        # its own.
-        if pod.published:
-            v = v.evolve(unpublished_at=None)
-            s.actions.append(SetPublished(pod.name, pod.uid, False))
-        elif v.unpublished_at is None:
-            v = v.evolve(unpublished_at=instant(now))
-        if state in (None, DrainState.SERVING):
-            s.actions.append(Drain(pod.name, did, "soft"))
-        return v, Phase.UNPUBLISHING, ""
-    fenced_at = v.fenced_at or instant(now)
-    v = v.evolve(fenced_at=fenced_at)
-    if state in (None, DrainState.SERVING, DrainState.SOFT_DRAIN):
-        s.actions.append(Drain(pod.name, did, "fence"))
-    if now - fenced_at.timestamp() <= timeout:
-        return v, Phase.FENCING if state != DrainState.FENCED else Phase.DRAINING, ""
-    inflight = r.sidecar.inflight if r.sidecar is not None else "unknown"
-    message = f"{pod.name} not drained after {timeout:g}s ({inflight} in flight)"
-    if on_timeout == "Force":
-        emit(s, "DrainForced", message, warning=True)
-        s.actions.append(DeletePod(pod.name, pod.uid))
-        return v.evolve(forced=True, drained_at=stamp(now)), Phase.REMOVING, ""
-    return v, Phase.DRAINING, message
