@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from genrm_contract.sidecar import PROPAGATION_SECONDS, QUIET_SECONDS, DrainState, Phase
+from genrm_contract.sidecar import PROPAGATION_SECONDS, QUIET_SECONDS, DrainPhase, DrainState
 
 ADMITTING = frozenset({DrainState.SERVING, DrainState.SOFT_DRAIN})
 """States in which new requests are admitted (fenced and drained replicas refuse them)."""
@@ -57,21 +57,21 @@ class DrainMachine:
             machine = dataclasses.replace(machine, state=DrainState.DRAINED)
         return machine
 
-    def drain(self, drain_id: str, phase: Phase, quiet_seconds: float | None, now: float,
+    def drain(self, drain_id: str, phase: DrainPhase, quiet_seconds: float | None, now: float,
               idle_since: float | None) -> DrainMachine:
         """A drain call (``POST /v1/drain``); raises :class:`DrainConflict` for another drain id."""
         machine = self.at(now, idle_since)
         if machine.state is not DrainState.SERVING and drain_id != machine.drain_id:
             raise DrainConflict(f"already draining under drain id {machine.drain_id!r}")
         state, fence_at, fenced_at = machine.state, machine.fence_at, machine.fenced_at
-        if phase is Phase.FENCE and state is DrainState.SERVING:
+        if phase is DrainPhase.FENCE and state is DrainState.SERVING:
             # A fence with no soft drain before it (a crashed replica being retired): clients on
             # kept-alive connections are sent elsewhere first, for the propagation window, as a
             # soft drain would; the fence follows by itself.
             state, fence_at = DrainState.SOFT_DRAIN, now + machine.propagation_seconds
-        elif phase is Phase.FENCE and state is DrainState.SOFT_DRAIN and fence_at is None:
+        elif phase is DrainPhase.FENCE and state is DrainState.SOFT_DRAIN and fence_at is None:
             state, fenced_at = DrainState.FENCED, now
-        elif phase is Phase.SOFT and state is DrainState.SERVING:
+        elif phase is DrainPhase.SOFT and state is DrainState.SERVING:
             state = DrainState.SOFT_DRAIN
         quiet = machine.quiet_seconds if quiet_seconds is None else quiet_seconds
         # Fenced by this call, a replica idle long enough is Drained at once.

@@ -76,18 +76,69 @@ class DrainState(enum.StrEnum):
     DRAINED = DRAINED
 
 
-class Phase(enum.StrEnum):
+class DrainPhase(enum.StrEnum):
     """What a drain call asks for: soft (keep admitting, stop keep-alive) or fence (refuse new requests)."""
 
     SOFT = "soft"
     FENCE = "fence"
 
 
-class Reason(enum.StrEnum):
-    """Refusal reasons a client or the operator acts on (all carry ``Retry-After`` and close the connection)."""
+Phase = DrainPhase
+"""Transitional alias for ``shell/reconciler.py``, whose owner switches it to :class:`DrainPhase`."""
+
+
+class RefusalReason(enum.StrEnum):
+    """Why the gateway answered a request itself: the clients' vocabulary, spelt in the
+    ``x-genrm-reason`` header, the JSON error's ``reason`` and the ``reason`` label of
+    ``genrm_gateway_refused_total``. Clients and the operator act on ``draining`` and
+    ``engineUnavailable`` (both carry ``Retry-After`` and close the connection: retry on another
+    replica)."""
 
     DRAINING = "draining"
     ENGINE_UNAVAILABLE = "engineUnavailable"
+    # The engine, answering a request or the readiness probe.
+    ENGINE_ERROR = "engineError"
+    ENGINE_DISCONNECTED = "engineDisconnected"
+    ENGINE_TIMEOUT = "engineTimeout"
+    ENGINE_DOWN = "engineDown"
+    ENGINE_UNHEALTHY = "engineUnhealthy"
+    # Authentication (the traffic port's API key, the control port's token).
+    UNAUTHENTICATED = "unauthenticated"
+    INVALID_API_KEY = "invalidApiKey"
+    FORBIDDEN = "forbidden"
+    # Routes.
+    NOT_FOUND = "notFound"
+    NOT_ALLOWED = "notAllowed"
+    METHOD_NOT_ALLOWED = "methodNotAllowed"
+    HTTP_ERROR = "httpError"
+    # The request's HTTP framing (connection limits and parsing).
+    BAD_REQUEST = "badRequest"
+    BAD_HOST = "badHost"
+    BAD_TRANSFER_ENCODING = "badTransferEncoding"
+    INVALID_HEADER = "invalidHeader"
+    HEAD_TOO_LARGE = "headTooLarge"
+    TOO_MANY_HEADERS = "tooManyHeaders"
+    TOO_MANY_PIPELINED = "tooManyPipelined"
+    TOO_MANY_CONNECTIONS = "tooManyConnections"
+    HEAD_TIMEOUT = "headTimeout"
+    BODY_TIMEOUT = "bodyTimeout"
+    BODY_TOO_LARGE = "bodyTooLarge"
+    # The body's JSON.
+    INVALID_JSON = "invalidJson"
+    JSON_TOO_DEEP = "jsonTooDeep"
+    JSON_TOO_COMPLEX = "jsonTooComplex"
+    INVALID_REQUEST_ID = "invalidRequestId"
+    BATCH_TOO_LARGE = "batchTooLarge"
+    # The answer.
+    STREAM_TOO_LARGE = "streamTooLarge"
+    CLIENT_GONE = "clientGone"
+    """The client disconnected before its answer (status 499, counted, nothing sent)."""
+    WRITE_TIMEOUT = "writeTimeout"
+    """A client stopped reading its answer (counted; the connection is closed)."""
+    TRAILER_DROPPED = "trailerDropped"
+    """A chunked body's trailer fields were dropped, not forwarded (counted; the request goes on)."""
+    # The drain API.
+    DRAIN_CONFLICT = "drainConflict"
 
 
 class HandBack(enum.StrEnum):
@@ -110,7 +161,7 @@ class DrainRequest(_Document):
     """``POST /v1/drain``: idempotent per drain id; another drain id gets 409."""
 
     drain_id: str = Field(alias="drainId", min_length=1)
-    phase: Phase
+    phase: DrainPhase
     quiet_seconds: float | None = Field(default=None, alias="quietSeconds", ge=0)
 
 

@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 
 import yaml
-from genrm_contract.sidecar import ENGINE_CONFIG_FILE, ENGINE_KEY_FILE
+from genrm_contract.sidecar import ENGINE_CONFIG_FILE, ENGINE_KEY_FILE, RefusalReason
 from starlette.types import Scope
 
 from genrm_gateway.errors import Refusal
@@ -84,8 +84,9 @@ class ClientAuth:
         presented = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
         scheme, _, token = presented.partition(b" ")
         if scheme.lower() != b"bearer" or not token:
-            return Refusal(401, "unauthenticated", "this pool needs its API key: Authorization: Bearer <key>",
+            return Refusal(401, RefusalReason.UNAUTHENTICATED,
+                           "this pool needs its API key: Authorization: Bearer <key>",
                            (_WWW_AUTHENTICATE,))
         if not hmac.compare_digest(token, self._key):
-            return Refusal(401, "invalidApiKey", "the API key is not this pool's", (_WWW_AUTHENTICATE,))
+            return Refusal(401, RefusalReason.INVALID_API_KEY, "the API key is not this pool's", (_WWW_AUTHENTICATE,))
         return None

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from genrm_contract.sidecar import PROBE_PREFIX, DrainState, HandBack
+from genrm_contract.sidecar import PROBE_PREFIX, DrainState, HandBack, RefusalReason
 from starlette.types import Receive, Scope, Send
 
 from genrm_gateway.admission import Admission
@@ -56,7 +56,7 @@ class Gateway:
         """The uvicorn protocol class for this gateway's sockets."""
         return protocol_class(self.connections)
 
-    def _refused(self, reason: str) -> None:
+    def _refused(self, reason: RefusalReason) -> None:
         self.metrics.refused(reason)
 
     def _handed_back(self, reason: HandBack) -> None:
@@ -87,9 +87,10 @@ class Gateway:
             await self._proxy.handle(route, scope, receive, send)
             return
         if path in BLOCKED_ENGINE_PATHS:
-            code, reason, message = 403, "notAllowed", "this engine route is not reachable through the gateway"
+            code, reason = 403, RefusalReason.NOT_ALLOWED
+            message = "this engine route is not reachable through the gateway"
         else:
-            code, reason, message = 404, "notFound", "no such route"
+            code, reason, message = 404, RefusalReason.NOT_FOUND, "no such route"
         self.metrics.refused(reason)
         await send_error(send, code, reason, message)
 
@@ -101,7 +102,7 @@ class Gateway:
             authenticate(scope)
             route = PROXIED.get(scope["path"][len(PROBE_PREFIX):])
             if route is None:
-                raise Refusal(404, "notFound", "no such judge route")
+                raise Refusal(404, RefusalReason.NOT_FOUND, "no such judge route")
         except Refusal as refusal:
             self.metrics.refused(refusal.reason)
             await send_error(send, refusal.code, refusal.reason, str(refusal), (*refusal.headers, CLOSE_HEADER))

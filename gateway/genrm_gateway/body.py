@@ -19,6 +19,8 @@ import json
 import os
 import re
 
+from genrm_contract.sidecar import RefusalReason
+
 from genrm_gateway.config import Limits
 from genrm_gateway.errors import Refusal
 
@@ -66,7 +68,8 @@ def correlation_id(value: object) -> bytes:
     """A client-supplied id as a header-safe value, or a 400."""
     raw = value.encode("utf-8", "replace") if isinstance(value, str) else value
     if not isinstance(raw, bytes) or CORRELATION_ID.fullmatch(raw) is None:
-        raise Refusal(400, "invalidRequestId", "a request id must be 1-128 characters of A-Z a-z 0-9 . _ : / + = @ -")
+        raise Refusal(400, RefusalReason.INVALID_REQUEST_ID,
+                      "a request id must be 1-128 characters of A-Z a-z 0-9 . _ : / + = @ -")
     return raw
 
 
@@ -97,7 +100,7 @@ def containers(body: bytes, limit: int) -> int:
         try:
             body = body.decode(encoding, "surrogatepass").encode("utf-8", "surrogatepass")
         except UnicodeError:
-            raise Refusal(400, "invalidJson", f"the body is not valid {encoding}") from None
+            raise Refusal(400, RefusalReason.INVALID_JSON, f"the body is not valid {encoding}") from None
     if b"\\" in body:
         body = body.replace(b"\\\\", b"").replace(b'\\"', b"")
     marks = body.translate(None, _NOT_A_MARK).replace(b'""', b"")
@@ -147,26 +150,27 @@ def engine_body(body: bytes, limits: Limits, ids: RequestIds) -> tuple[bytes, st
     """
     count = containers(body, limits.max_json_containers)
     if count > limits.max_json_containers:
-        raise Refusal(400, "jsonTooComplex", f"the JSON has more than {limits.max_json_containers} arrays and objects")
+        raise Refusal(400, RefusalReason.JSON_TOO_COMPLEX,
+                      f"the JSON has more than {limits.max_json_containers} arrays and objects")
     try:
         payload = json.loads(body)
     except (ValueError, RecursionError):
-        raise Refusal(400, "invalidJson", "the body is not valid JSON") from None
+        raise Refusal(400, RefusalReason.INVALID_JSON, "the body is not valid JSON") from None
     if not isinstance(payload, dict):
-        raise Refusal(400, "invalidJson", "the body must be a JSON object")
+        raise Refusal(400, RefusalReason.INVALID_JSON, "the body must be a JSON object")
     if count > limits.max_json_depth and exceeds_depth(payload, limits.max_json_depth):
-        raise Refusal(400, "jsonTooDeep", f"the JSON nests deeper than {limits.max_json_depth} levels")
+        raise Refusal(400, RefusalReason.JSON_TOO_DEEP, f"the JSON nests deeper than {limits.max_json_depth} levels")
     client_rid = payload.get("rid")
     if isinstance(client_rid, list) and 0 < len(client_rid) <= limits.max_batch_size:
         for item in client_rid:
             correlation_id(item)
     elif client_rid is not None and not isinstance(client_rid, str):
-        raise Refusal(400, "invalidRequestId",
+        raise Refusal(400, RefusalReason.INVALID_REQUEST_ID,
                       f"rid must be a string or a list of at most {limits.max_batch_size} strings")
     given = correlation_id(client_rid) if isinstance(client_rid, str) else None
     size = len(client_rid) if isinstance(client_rid, list) else batch_size(payload)
     if size is not None and size > limits.max_batch_size:
-        raise Refusal(400, "batchTooLarge", f"a batch may hold at most {limits.max_batch_size} prompts")
+        raise Refusal(400, RefusalReason.BATCH_TOO_LARGE, f"a batch may hold at most {limits.max_batch_size} prompts")
     engine_rid = ids.mint()
     echo = given or engine_rid.encode()
     if "rid" not in payload and size is None and json.detect_encoding(body) == "utf-8":

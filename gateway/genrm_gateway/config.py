@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from genrm_contract import limits as defaults
 from genrm_contract import sidecar
 
 
@@ -45,32 +46,38 @@ class Limits:
     server is not the side that races a client's reuse of an idle connection.
     """
 
-    max_head_bytes: int = _limit(64 * 1024, "request line plus headers larger than this get 431")
-    max_headers: int = _limit(100, "more header fields than this get 431")
-    head_timeout_seconds: float = _limit(10.0, "a request head not complete this long after its first byte "
-                                               "(or the connection's opening) gets 408")
-    body_timeout_seconds: float = _limit(30.0, "an admitted request's body not complete within this gets 408 "
-                                               "and leaves in-flight at once")
+    max_head_bytes: int = _limit(defaults.MAX_HEAD_BYTES, "request line plus headers larger than this get 431")
+    max_headers: int = _limit(defaults.MAX_HEADERS, "more header fields than this get 431")
+    head_timeout_seconds: float = _limit(defaults.HEAD_TIMEOUT_SECONDS, "a request head not complete this long after "
+                                         "its first byte (or the connection's opening) gets 408")
+    body_timeout_seconds: float = _limit(defaults.BODY_TIMEOUT_SECONDS, "an admitted request's body not complete "
+                                         "within this gets 408 and leaves in-flight at once")
     max_body_bytes: int = _limit(sidecar.MAX_BODY_BYTES, "larger request bodies get 413")
-    max_json_depth: int = _limit(32, "JSON bodies nesting deeper than this get 400")
-    max_json_containers: int = _limit(10_000, "JSON bodies with more arrays and objects than this get 400")
-    max_batch_size: int = _limit(4096, "batched requests with more prompts (or request ids) than this get 400")
-    max_connections: int = _limit(4096, "open traffic connections beyond this get 503 and are closed")
-    write_timeout_seconds: float = _limit(30.0, "a client that reads nothing of its response this long is cut "
-                                                "and its engine request aborted")
+    max_json_depth: int = _limit(defaults.MAX_JSON_DEPTH, "JSON bodies nesting deeper than this get 400")
+    max_json_containers: int = _limit(defaults.MAX_JSON_CONTAINERS, "JSON bodies with more arrays and objects than "
+                                      "this get 400")
+    max_batch_size: int = _limit(defaults.MAX_BATCH_SIZE, "batched requests with more prompts (or request ids) than "
+                                 "this get 400")
+    max_connections: int = _limit(defaults.MAX_CONNECTIONS, "open traffic connections beyond this get 503 and are "
+                                  "closed")
+    write_timeout_seconds: float = _limit(defaults.WRITE_TIMEOUT_SECONDS, "a client that reads nothing of its response "
+                                          "this long is cut and its engine request aborted")
     stream_buffer_bytes: int = _limit(1 << 20, "engine bytes buffered per response (streamed or not) before the "
-                                               "gateway stops reading from the engine")
-    keep_alive_seconds: float = _limit(75.0, "idle keep-alive client connections close after this")
-    max_connection_age_seconds: float = _limit(300.0, "a client connection older than this (jittered by up to 10%% "
-                                                      "either way) is handed back: its next response carries "
-                                                      "Connection: close; 0 turns this off")
-    engine_wait_seconds: float = _limit(5.0, "a request that finds the engine unreachable waits this long for it "
-                                             "to come back (a restarted container) before a retryable 503")
-    engine_head_timeout_seconds: float = _limit(600.0, "an engine answer whose head has not come this long after the "
-                                                       "request was sent gets 504 (a non-streamed answer's head comes "
-                                                       "only when its generation ends)")
-    engine_read_timeout_seconds: float = _limit(300.0, "an engine answer that sends nothing more this long (while the "
-                                                       "gateway reads it) is ended: 504, or a cut stream")
+                                      "gateway stops reading from the engine")
+    keep_alive_seconds: float = _limit(defaults.KEEP_ALIVE_SECONDS, "idle keep-alive client connections close after "
+                                       "this")
+    max_connection_age_seconds: float = _limit(defaults.MAX_CONNECTION_AGE_SECONDS, "a client connection older than "
+                                               "this (jittered by up to 10%% either way) is handed back: its next "
+                                               "response carries Connection: close; 0 turns this off")
+    engine_wait_seconds: float = _limit(defaults.ENGINE_WAIT_SECONDS, "a request that finds the engine unreachable "
+                                        "waits this long for it to come back (a restarted container) before a "
+                                        "retryable 503")
+    engine_head_timeout_seconds: float = _limit(defaults.ENGINE_HEAD_TIMEOUT_SECONDS, "an engine answer whose head has "
+                                                "not come this long after the request was sent gets 504 (a "
+                                                "non-streamed answer's head comes only when its generation ends)")
+    engine_read_timeout_seconds: float = _limit(defaults.ENGINE_READ_TIMEOUT_SECONDS, "an engine answer that sends "
+                                                "nothing more this long (while the gateway reads it) is ended: 504, or "
+                                                "a cut stream")
 
 
 @dataclass(frozen=True)

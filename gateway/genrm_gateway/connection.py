@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httptools
-from genrm_contract.sidecar import DrainState, HandBack
+from genrm_contract.sidecar import DrainState, HandBack, RefusalReason
 from uvicorn._types import ASGI3Application
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
@@ -119,7 +119,7 @@ SHED_IDS_KEPT = 64
 class Connections:
     """The open client connections of the traffic port, for the limit and for drains."""
 
-    def __init__(self, port: int, limits: Limits, refused: Callable[[str], None],
+    def __init__(self, port: int, limits: Limits, refused: Callable[[RefusalReason], None],
                  handed_back: Callable[[HandBack], None] = lambda reason: None) -> None:
         self.port = port
         self.limits = limits
@@ -200,7 +200,7 @@ class GatewayProtocol(HttpToolsProtocol):
         self._codings: list[bytes] = []
         self._head_size = 0  # request line and fields as parsed (complete heads)
         self._head_timer: asyncio.TimerHandle | None = None
-        self._refusal: tuple[int, str, str] | None = None
+        self._refusal: tuple[int, RefusalReason, str] | None = None
         self._deferred: bytes | None = None  # a refusal waiting for earlier pipelined answers
         self._running: RequestResponseCycle | None = None  # the request the app is answering
         self._write_timer: asyncio.TimerHandle | None = None
@@ -218,7 +218,7 @@ class GatewayProtocol(HttpToolsProtocol):
         self._traffic = self.server is not None and self.server[1] == self.registry.port
         if self._traffic and not self.registry.admit(self):
             self._traffic = False
-            self._refuse(503, "tooManyConnections", "the gateway has too many open connections")
+            self._refuse(503, RefusalReason.TOO_MANY_CONNECTIONS, "the gateway has too many open connections")
             return
         self._arm_head_timer()
         if self._traffic and (age := self._limits.max_connection_age_seconds) > 0:
@@ -245,7 +245,7 @@ class GatewayProtocol(HttpToolsProtocol):
         """Cut the client: an abort drops what is buffered for it (a close would wait to flush it),
         and the request learns its client is gone, so its engine work is aborted too."""
         self._write_timer = None
-        self.registry.refused("writeTimeout")
+        self.registry.refused(RefusalReason.WRITE_TIMEOUT)
         self.transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -274,11 +274,12 @@ class GatewayProtocol(HttpToolsProtocol):
         try:
             self.parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
-            code, reason, message = self._refusal or (400, "badRequest", f"invalid HTTP request: {exc}")
+            code, reason, message = self._refusal or (400, RefusalReason.BAD_REQUEST, f"invalid HTTP request: {exc}")
             self._refuse(code, reason, message)
         else:
             if (self._reading_head or self._trailing) and self._head_bytes > self._limits.max_head_bytes:
-                self._refuse(431, "headTooLarge", f"the request head exceeds {self._limits.max_head_bytes} bytes")
+                self._refuse(431, RefusalReason.HEAD_TOO_LARGE,
+                             f"the request head exceeds {self._limits.max_head_bytes} bytes")
             elif self.timeout_keep_alive_task is None and self._head_timer is None and (
                     self.cycle is None or self.cycle.response_complete):
                 # Bytes that begin no request (a bare CRLF) or end one nobody reads (the body of
@@ -303,10 +304,11 @@ class GatewayProtocol(HttpToolsProtocol):
         self._header_count += 1
         self._head_size += len(name) + len(value) + 4
         if self._header_count > self._limits.max_headers:
-            self._refusal = (431, "tooManyHeaders", f"more than {self._limits.max_headers} header fields")
+            self._refusal = (431, RefusalReason.TOO_MANY_HEADERS, f"more than {self._limits.max_headers} header fields")
             raise _HeadRefused
         if self._head_size > self._limits.max_head_bytes:
-            self._refusal = (431, "headTooLarge", f"the request head exceeds {self._limits.max_head_bytes} bytes")
+            self._refusal = (431, RefusalReason.HEAD_TOO_LARGE,
+                             f"the request head exceeds {self._limits.max_head_bytes} bytes")
             raise _HeadRefused
         if self._reading_head:
             lowered = name.lower()
@@ -319,7 +321,7 @@ class GatewayProtocol(HttpToolsProtocol):
             # A field of a chunked body's trailer: uvicorn would add it to the request's headers,
             # where it could stand in for a checked header (authorization, the request id).
             self._trailer_dropped = True
-            self.registry.refused("trailerDropped")
+            self.registry.refused(RefusalReason.TRAILER_DROPPED)
 
     def on_chunk_header(self) -> None:
         """A chunk's size line: what follows is its data, or the trailer after the last (empty)
@@ -341,23 +343,25 @@ class GatewayProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._cancel_head_timer()
         if self.parser.should_upgrade():  # refused before the app ever sees the request
-            self._refusal = (400, "badRequest", "protocol upgrades are not supported")
+            self._refusal = (400, RefusalReason.BAD_REQUEST, "protocol upgrades are not supported")
             raise _HeadRefused
         if self._hosts > 1 or (self._hosts == 0 and self.parser.get_http_version() != "1.0"):
             # RFC 9112 §3.2: an HTTP/1.1 request needs exactly one Host (llhttp does not check;
             # h11, which the gateway's parsing is held to, refuses it).
-            self._refusal = (400, "badHost", "an HTTP/1.1 request needs exactly one Host header")
+            self._refusal = (400, RefusalReason.BAD_HOST, "an HTTP/1.1 request needs exactly one Host header")
             raise _HeadRefused
         if self._codings and b",".join(self._codings).strip().lower() != b"chunked":
             # RFC 9112 §6.3: with any other coding the body's end is unknown; llhttp lets some
             # through (a GET with "gzip" alone), h11 refuses them all, and so does the gateway.
-            self._refusal = (400, "badTransferEncoding", "the only transfer coding accepted is chunked, alone")
+            self._refusal = (400, RefusalReason.BAD_TRANSFER_ENCODING,
+                             "the only transfer coding accepted is chunked, alone")
             raise _HeadRefused
         if len(self.pipeline) >= MAX_PIPELINED:
             # Refused after the earlier answers, and parsing stops here: httptools has no way to
             # stop between two requests of one read and go on later, and a client must retry
             # the pipelined requests a close leaves unanswered (RFC 9112 §9.3.2).
-            self._refusal = (503, "tooManyPipelined", f"more than {MAX_PIPELINED} requests sent ahead of their answers")
+            self._refusal = (503, RefusalReason.TOO_MANY_PIPELINED,
+                             f"more than {MAX_PIPELINED} requests sent ahead of their answers")
             raise _HeadRefused
         super().on_headers_complete()
         self._requests += 1
@@ -416,7 +420,7 @@ class GatewayProtocol(HttpToolsProtocol):
         elif now - self._idle_since >= idle_for and not self.transport.is_closing():
             self.transport.close()
 
-    def _refuse(self, code: int, reason: str, message: str) -> None:
+    def _refuse(self, code: int, reason: RefusalReason, message: str) -> None:
         """Answer the request being parsed, then close: the stream cannot be trusted after it.
 
         When the app already holds this request (a body that turned out malformed), it is told
@@ -457,11 +461,11 @@ class GatewayProtocol(HttpToolsProtocol):
             return
         if not self._reading_head:
             if self.cycle is not None and self.cycle.response_complete:  # a body no one reads: answered already
-                self.registry.refused("bodyTimeout")
+                self.registry.refused(RefusalReason.BODY_TIMEOUT)
                 self.transport.close()
             return
         if self._head_bytes:
-            self._refuse(408, "headTimeout", "the request head did not arrive in time")
+            self._refuse(408, RefusalReason.HEAD_TIMEOUT, "the request head did not arrive in time")
         else:  # nothing sent: close quietly, as for an idle keep-alive connection
             self.transport.close()
 

@@ -31,7 +31,7 @@ from genrm_contract.sidecar import (
     DrainRequest,
     DrainState,
     EngineReport,
-    Reason,
+    RefusalReason,
     ShedAnswer,
     ShedRequest,
     StateDocument,
@@ -53,7 +53,7 @@ from genrm_gateway.proxy import send_error
 MAX_CONTROL_BODY_BYTES = 64 * 1024
 
 
-def _error(code: int, reason: str, message: str) -> Response:
+def _error(code: int, reason: RefusalReason, message: str) -> Response:
     return Response(error_body(code, reason, message), code, media_type="application/json",
                     headers={REASON_HEADER.decode(): reason})
 
@@ -61,12 +61,12 @@ def _error(code: int, reason: str, message: str) -> Response:
 def require_token(authorization: Annotated[str | None, Header()] = None) -> None:
     """Bearer auth for the control API: missing → 401, wrong → 403, compared in constant time."""
     if not authorization:
-        raise Refusal(401, "unauthenticated", "a bearer token is required")
+        raise Refusal(401, RefusalReason.UNAUTHENTICATED, "a bearer token is required")
     scheme, _, presented = authorization.partition(" ")
     expected = control_token()
     if scheme.lower() != "bearer" or expected is None or not hmac.compare_digest(
             presented.strip().encode(), expected.encode()):
-        raise Refusal(403, "forbidden", "the bearer token is not valid for this gateway")
+        raise Refusal(403, RefusalReason.FORBIDDEN, "the bearer token is not valid for this gateway")
 
 
 def authenticate(scope: Scope) -> None:
@@ -85,7 +85,7 @@ class _Guard:
     length is over) and handed to the app.
     """
 
-    def __init__(self, app: ASGIApp, protected: frozenset[str], refused: Callable[[str], None]) -> None:
+    def __init__(self, app: ASGIApp, protected: frozenset[str], refused: Callable[[RefusalReason], None]) -> None:
         self._app = app
         self._protected = protected
         self._refused = refused
@@ -118,7 +118,7 @@ class _Guard:
 
 async def _bounded_body(scope: Scope, receive: Receive) -> bytes | None:
     """The whole body, or None when the client disconnected; a 413 past ``MAX_CONTROL_BODY_BYTES``."""
-    too_large = Refusal(413, "bodyTooLarge", f"control bodies are at most {MAX_CONTROL_BODY_BYTES} bytes")
+    too_large = Refusal(413, RefusalReason.BODY_TOO_LARGE, f"control bodies are at most {MAX_CONTROL_BODY_BYTES} bytes")
     for name, value in scope["headers"]:
         if name == b"content-length" and int(value) > MAX_CONTROL_BODY_BYTES:  # llhttp checked the digits
             raise too_large
@@ -162,15 +162,16 @@ def create_control_app(admission: Admission, drain: DrainController, engine: Eng
 
     @app.exception_handler(DrainConflict)
     async def drain_conflict(request: Request, exc: DrainConflict) -> Response:
-        return _error(409, "drainConflict", str(exc))
+        return _error(409, RefusalReason.DRAIN_CONFLICT, str(exc))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> Response:
-        return _error(400, "badRequest", "; ".join(str(e.get("msg")) for e in exc.errors()))
+        return _error(400, RefusalReason.BAD_REQUEST, "; ".join(str(e.get("msg")) for e in exc.errors()))
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:
-        reason = {404: "notFound", 405: "methodNotAllowed"}.get(exc.status_code, "httpError")
+        reason = {404: RefusalReason.NOT_FOUND,
+                  405: RefusalReason.METHOD_NOT_ALLOWED}.get(exc.status_code, RefusalReason.HTTP_ERROR)
         metrics.refused(reason)
         return _error(exc.status_code, reason, str(exc.detail))
 
@@ -182,11 +183,11 @@ def create_control_app(admission: Admission, drain: DrainController, engine: Eng
     async def ready() -> Response:
         state = drain.state
         if not engine.up:
-            reason = "engineDown"
+            reason = RefusalReason.ENGINE_DOWN
         elif not engine.healthy:
-            reason = "engineUnhealthy"
+            reason = RefusalReason.ENGINE_UNHEALTHY
         elif state is not DrainState.SERVING:
-            reason = Reason.DRAINING
+            reason = RefusalReason.DRAINING
         else:
             return Response(b'{"ready":true}', media_type="application/json")
         return Response(error_body(503, reason, f"not ready: state {state.value}"), 503,

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from genrm_contract.drain import DrainConflict as DrainConflict
 from genrm_contract.drain import DrainMachine
-from genrm_contract.sidecar import DrainState, Phase
+from genrm_contract.sidecar import DrainPhase, DrainState
 
 from genrm_gateway.admission import Admission
 from genrm_gateway.engine import EngineMonitor
@@ -59,7 +59,7 @@ class DrainController:
         idle_since = self._idle_since()
         return None if idle_since is None else time.monotonic() - idle_since
 
-    def drain(self, drain_id: str, phase: Phase, quiet_seconds: float | None = None) -> None:
+    def drain(self, drain_id: str, phase: DrainPhase, quiet_seconds: float | None = None) -> None:
         """Raises DrainConflict for another drain id than the one in progress."""
         self._become(self._machine.drain(drain_id, phase, quiet_seconds, time.monotonic(), self._idle_since()))
 

@@ -14,7 +14,7 @@ from genrm_contract import sidecar
 REASON_HEADER = sidecar.REASON_HEADER.encode()
 
 
-def error_body(code: int, reason: str, message: str) -> bytes:
+def error_body(code: int, reason: sidecar.RefusalReason, message: str) -> bytes:
     return json.dumps({"error": {"reason": reason, "message": message, "code": code}}).encode()
 
 
@@ -28,15 +28,15 @@ class Refusal(Exception):
     in an unknown place (a body not read), or that ask the client to go elsewhere.
     """
 
-    def __init__(self, code: int, reason: str, message: str, headers: tuple[tuple[bytes, bytes], ...] = (),
-                 *, close: bool = False) -> None:
+    def __init__(self, code: int, reason: sidecar.RefusalReason, message: str,
+                 headers: tuple[tuple[bytes, bytes], ...] = (), *, close: bool = False) -> None:
         super().__init__(message)
         self.code = code
         self.reason = reason
         self.headers = (*headers, CLOSE_HEADER) if close else headers
 
 
-def refusal_response(code: int, reason: str, message: str) -> bytes:
+def refusal_response(code: int, reason: sidecar.RefusalReason, message: str) -> bytes:
     """A whole HTTP/1.1 error response, for refusals made below the application (the connection
     layer), where no ASGI ``send`` exists; it always closes the connection."""
     body = error_body(code, reason, message)

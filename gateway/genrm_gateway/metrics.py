@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from genrm_contract.sidecar import DrainState, HandBack, Series
+from genrm_contract.sidecar import DrainState, HandBack, RefusalReason, Series
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -98,7 +98,7 @@ class GatewayMetrics:
             histogram = self._duration_children[route] = self._duration.labels(route)
         histogram.observe(seconds)
 
-    def refused(self, reason: str) -> None:
+    def refused(self, reason: RefusalReason) -> None:
         self._refused.labels(reason).inc()
 
     def handed_back(self, reason: HandBack) -> None:

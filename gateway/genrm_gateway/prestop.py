@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 from genrm_contract.drained import control_token, wait_drained
-from genrm_contract.sidecar import DRAIN_PATH, DrainState, Phase
+from genrm_contract.sidecar import DRAIN_PATH, DrainPhase, DrainState
 
 _RETRY_SECONDS = 0.2
 
@@ -33,10 +33,10 @@ class PreStopDrain:
         deadline = time.monotonic() + self.deadline_seconds
         with httpx.Client(base_url=f"http://127.0.0.1:{self.port}",
                           headers={"authorization": f"Bearer {control_token() or ''}"}, timeout=5.0) as client:
-            soft = self._call(client, Phase.SOFT, deadline)
+            soft = self._call(client, DrainPhase.SOFT, deadline)
             if soft is not None and soft.get("state") == DrainState.SOFT_DRAIN:
                 time.sleep(max(0.0, min(self.propagation_seconds, deadline - time.monotonic())))
-                self._call(client, Phase.FENCE, deadline)
+                self._call(client, DrainPhase.FENCE, deadline)
         drained = wait_drained(self.port, max(0.0, deadline - time.monotonic()))
         if drained is not None:
             print(f"genrm-gateway: drained ({drained.get('completedTotal')} requests completed)")
@@ -44,7 +44,7 @@ class PreStopDrain:
         print(f"genrm-gateway: not drained after {self.deadline_seconds}s", file=sys.stderr)
         return 1
 
-    def _call(self, client: httpx.Client, phase: Phase, deadline: float) -> dict[str, Any] | None:
+    def _call(self, client: httpx.Client, phase: DrainPhase, deadline: float) -> dict[str, Any] | None:
         """POST /v1/drain, retried until the deadline; None when another drain id owns the pod."""
         while time.monotonic() < deadline:
             try:

@@ -18,7 +18,7 @@ import asyncio
 import time
 
 from genrm_contract.sidecar import DRAINING_HEADER as DRAINING
-from genrm_contract.sidecar import DrainState, Reason
+from genrm_contract.sidecar import DrainState, RefusalReason
 from starlette.types import Receive, Scope, Send
 
 from genrm_gateway.admission import Admission
@@ -55,7 +55,7 @@ _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"t
                          REQUEST_ID_HEADER})
 
 
-async def send_error(send: Send, code: int, reason: str, message: str,
+async def send_error(send: Send, code: int, reason: RefusalReason, message: str,
                      extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
     body = error_body(code, reason, message)
     headers = [_JSON_CONTENT, (b"content-length", str(len(body)).encode()),
@@ -113,11 +113,11 @@ class Proxy:
     async def handle(self, route: ProxiedRoute, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         if scope["method"] != route.method:
-            await self._refuse(send, route, Refusal(405, "methodNotAllowed",
+            await self._refuse(send, route, Refusal(405, RefusalReason.METHOD_NOT_ALLOWED,
                                                     f"{route.name} accepts {route.method} only"))
             return
         if not self._admission.try_admit():
-            await self._refuse(send, route, Refusal(503, Reason.DRAINING,
+            await self._refuse(send, route, Refusal(503, RefusalReason.DRAINING,
                                                     "the replica is draining; retry on another replica",
                                                     (RETRY_AFTER,), close=True))
             return
@@ -138,7 +138,8 @@ class Proxy:
         (a crashed engine's container is often back by then, and the request then costs latency,
         not a failure); past that it is refused with a retryable 503 that closes the connection."""
         if not self._engine.up and not await self._engine.wait_up(self._limits.engine_wait_seconds):
-            raise Refusal(503, Reason.ENGINE_UNAVAILABLE, "the engine is not reachable; retry on another replica",
+            raise Refusal(503, RefusalReason.ENGINE_UNAVAILABLE,
+                          "the engine is not reachable; retry on another replica",
                           (RETRY_AFTER,), close=True)
 
     async def _refuse(self, send: Send, route: ProxiedRoute, refusal: Refusal) -> None:
@@ -160,7 +161,8 @@ class Proxy:
             elif name == b"content-length":
                 declared = int(value)  # llhttp accepted it: digits only, one header
         if declared > self._limits.max_body_bytes:
-            raise Refusal(413, "bodyTooLarge", f"the body exceeds {self._limits.max_body_bytes} bytes", close=True)
+            raise Refusal(413, RefusalReason.BODY_TOO_LARGE,
+                          f"the body exceeds {self._limits.max_body_bytes} bytes", close=True)
         return forwarded, given
 
     async def _exchange(self, route: ProxiedRoute, scope: Scope, receive: Receive, send: Send) -> int:
@@ -175,7 +177,7 @@ class Proxy:
         try:
             data = self._pool.serialize(route.method, route.name, body, forwarded)
         except InvalidField:
-            raise Refusal(400, "invalidHeader", "a header value is not allowed by RFC 9110") from None
+            raise Refusal(400, RefusalReason.INVALID_HEADER, "a header value is not allowed by RFC 9110") from None
         exchange = Exchange(self._limits)
         watcher = _DisconnectWatcher(receive, exchange)
         try:
@@ -219,17 +221,19 @@ class Proxy:
                 while True:
                     message = await receive()
                     if message["type"] == "http.disconnect":
-                        raise Refusal(CLIENT_CLOSED, "clientGone", "the client disconnected")
+                        raise Refusal(CLIENT_CLOSED, RefusalReason.CLIENT_GONE, "the client disconnected")
                     chunk: bytes = message.get("body", b"")
                     size += len(chunk)
                     if size > self._limits.max_body_bytes:
-                        raise Refusal(413, "bodyTooLarge", f"the body exceeds {self._limits.max_body_bytes} bytes",
+                        raise Refusal(413, RefusalReason.BODY_TOO_LARGE,
+                                      f"the body exceeds {self._limits.max_body_bytes} bytes",
                                       close=True)
                     chunks.append(chunk)
                     if not message.get("more_body"):
                         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
         except TimeoutError:
-            raise Refusal(408, "bodyTimeout", f"the body did not arrive within {self._limits.body_timeout_seconds}s",
+            raise Refusal(408, RefusalReason.BODY_TIMEOUT,
+                          f"the body did not arrive within {self._limits.body_timeout_seconds}s",
                           close=True) from None
 
     async def _respond(self, exchange: Exchange, scope: Scope, send: Send, request_id: bytes) -> None:
@@ -265,7 +269,8 @@ class Proxy:
         async for chunk in exchange.chunks():
             size += len(chunk)
             if size > self._limits.stream_buffer_bytes:
-                raise Refusal(502, "streamTooLarge", "the streamed answer is too large for an HTTP/1.0 client; "
+                raise Refusal(502, RefusalReason.STREAM_TOO_LARGE,
+                              "the streamed answer is too large for an HTTP/1.0 client; "
                                                      "use HTTP/1.1")
             parts.append(chunk)
         return b"".join(parts)

@@ -14,7 +14,7 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
-from genrm_contract.sidecar import DrainState, Phase
+from genrm_contract.sidecar import DrainPhase, DrainState
 
 from genrm_gateway.app import Gateway
 
@@ -49,9 +49,9 @@ class GatewayServer(uvicorn.Server):
     async def _drain_then_exit(self) -> None:
         drain = self._gateway.drain
         if drain.state is DrainState.SERVING:
-            drain.drain(SIGTERM_DRAIN_ID, Phase.SOFT)
+            drain.drain(SIGTERM_DRAIN_ID, DrainPhase.SOFT)
             await asyncio.sleep(self._gateway.config.propagation_seconds)
         if drain.state in (DrainState.SERVING, DrainState.SOFT_DRAIN):  # also if undrained meanwhile
-            drain.drain(drain.drain_id or SIGTERM_DRAIN_ID, Phase.FENCE)
+            drain.drain(drain.drain_id or SIGTERM_DRAIN_ID, DrainPhase.FENCE)
         await self._gateway.admission.wait_idle()
         self.should_exit = True

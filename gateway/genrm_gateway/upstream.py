@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import cast
 
 import httptools
-from genrm_contract.sidecar import Reason
+from genrm_contract.sidecar import RefusalReason
 
 from genrm_gateway.config import EngineAddress, Limits
 
@@ -30,21 +30,21 @@ _MAX_IDLE_SECONDS = 4.0
 class EngineError(Exception):
     """The engine could not produce a complete response; ``reason`` goes into the JSON error."""
 
-    reason = "engineError"
+    reason: RefusalReason = RefusalReason.ENGINE_ERROR
 
 
 class EngineUnavailable(EngineError):
-    reason = Reason.ENGINE_UNAVAILABLE
+    reason = RefusalReason.ENGINE_UNAVAILABLE
 
 
 class EngineDisconnected(EngineError):
-    reason = "engineDisconnected"
+    reason = RefusalReason.ENGINE_DISCONNECTED
 
 
 class EngineTimeout(EngineError):
     """The engine sent no answer head, or nothing more of its answer, within the engine timeouts."""
 
-    reason = "engineTimeout"
+    reason = RefusalReason.ENGINE_TIMEOUT
 
 
 # RFC 9110 §5.6.2 token and §5.5 field-value (visible ASCII and obs-text, inner spaces and tabs).

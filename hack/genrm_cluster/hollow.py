@@ -75,7 +75,7 @@ from genrm_contract.sidecar import (
     DrainRequest,
     DrainState,
     EngineReport,
-    Reason,
+    RefusalReason,
     Series,
     StateDocument,
     UndrainRequest,
@@ -207,7 +207,7 @@ def _json(code: int, doc: Any, headers: dict[str, str] | None = None) -> Reply:
     return code, json.dumps(doc).encode(), headers or {}
 
 
-def _refuse(code: int, reason: str, message: str) -> Reply:
+def _refuse(code: int, reason: RefusalReason, message: str) -> Reply:
     return _json(code, {"error": {"code": code, "reason": reason, "message": message}}, {REASON_HEADER: reason})
 
 
@@ -253,7 +253,8 @@ class HollowServer:
         if (replica is not None and port == self.control_port and scope["path"] == STATE_PATH
                 and VERSION_PARAM in query and headers.get("authorization", "").startswith("Bearer ")):
             if (poll := long_poll(query)) is None:
-                code, payload, extra = _refuse(400, "badRequest", f"{VERSION_PARAM} must be an integer >= 0 and "
+                code, payload, extra = _refuse(400, RefusalReason.BAD_REQUEST,
+                                               f"{VERSION_PARAM} must be an integer >= 0 and "
                                                f"{WAIT_PARAM} a number of seconds from 0 to {MAX_WAIT_SECONDS}")
             else:
                 code, payload, extra = _json(200, await replica.wait(*poll))
@@ -268,7 +269,7 @@ class HollowServer:
             return self.admin(method, path[len(ADMIN):], body)
         replica = self.replicas.get(local)
         if replica is None:
-            return _refuse(503, "engineDown", f"no hollow replica at {local}")
+            return _refuse(503, RefusalReason.ENGINE_DOWN, f"no hollow replica at {local}")
         now = time.monotonic()
         if port == self.control_port:
             return self.control(replica, method, path, headers, body, now)
@@ -281,7 +282,8 @@ class HollowServer:
         if path == READY_PATH:
             if replica.ready(now):
                 return _json(200, {"ready": True})
-            return _refuse(503, "engineDown" if not replica.engine_up(now) else Reason.DRAINING, "not ready")
+            return _refuse(503, RefusalReason.ENGINE_DOWN if not replica.engine_up(now) else RefusalReason.DRAINING,
+                           "not ready")
         if path == METRICS_PATH:
             state = replica.current(now)
             lines = [f"{Series.INFLIGHT} 0", f"{Series.ENGINE_UP} {int(replica.engine_up(now))}",
@@ -290,43 +292,43 @@ class HollowServer:
             return 200, ("\n".join(lines) + "\n").encode(), {"content-type": "text/plain; version=0.0.4"}
         probe = path.startswith(PROBE_PREFIX + "/")
         if not probe and path not in (STATE_PATH, DRAIN_PATH, UNDRAIN_PATH):
-            return _refuse(404, "notFound", "not found")
+            return _refuse(404, RefusalReason.NOT_FOUND, "not found")
         scheme, _, token = headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            return _refuse(401, "unauthenticated", "a bearer token is required")
+            return _refuse(401, RefusalReason.UNAUTHENTICATED, "a bearer token is required")
         if probe:
             return self.traffic(replica, method, path[len(PROBE_PREFIX):], body, now)
         if path == STATE_PATH and method == "GET":
             return _json(200, replica.document(now))
         if method != "POST":
-            return _refuse(405, "methodNotAllowed", "method not allowed")
+            return _refuse(405, RefusalReason.METHOD_NOT_ALLOWED, "method not allowed")
         try:
             if path == DRAIN_PATH:
                 ok = replica.drain(DrainRequest.model_validate_json(body), now)
             else:
                 ok = replica.undrain(UndrainRequest.model_validate_json(body), now)
         except ValidationError as exc:
-            return _refuse(400, "badRequest", str(exc.errors()[:1]))
+            return _refuse(400, RefusalReason.BAD_REQUEST, str(exc.errors()[:1]))
         if not ok:
-            return _refuse(409, "drainConflict", f"drain in progress has drain id {replica.drain_id!r}")
+            return _refuse(409, RefusalReason.DRAIN_CONFLICT, f"drain in progress has drain id {replica.drain_id!r}")
         return _json(200, replica.document(now))
 
     def traffic(self, replica: HollowReplica, method: str, path: str, body: bytes, now: float) -> Reply:
         if not replica.engine_up(now):
-            return _refuse(503, Reason.ENGINE_UNAVAILABLE, "engine starting")
+            return _refuse(503, RefusalReason.ENGINE_UNAVAILABLE, "engine starting")
         if path == "/model_info" and method == "GET":
             return _json(200, {"model_path": "hollow", "is_generation": replica.generation})
         if path == "/v1/models" and method == "GET":
             return _json(200, {"object": "list", "data": [{"id": "hollow", "object": "model"}]})
         if path not in ("/generate", "/classify") or method != "POST":
-            return _refuse(404, "notFound", "not found")
+            return _refuse(404, RefusalReason.NOT_FOUND, "not found")
         if replica.current(now) in (DrainState.FENCED, DrainState.DRAINED):
             replica.refused += 1
-            return _refuse(503, Reason.DRAINING, "the replica is draining")
+            return _refuse(503, RefusalReason.DRAINING, "the replica is draining")
         try:
             doc = json.loads(body)
         except ValueError:
-            return _refuse(400, "invalidJson", "invalid JSON")
+            return _refuse(400, RefusalReason.INVALID_JSON, "invalid JSON")
         replica.admitted += 1
         replica.idle_since = now
         prompt = str(doc.get("text", ""))
@@ -360,7 +362,7 @@ class HollowServer:
             drained = {**self.drained_at, **{a: r.drained_at for a, r in self.replicas.items()
                                              if r.current(now) is DrainState.DRAINED}}
             return _json(200, {"replicas": len(self.replicas), "drainedAt": drained})
-        return _refuse(404, "notFound", "no such admin route")
+        return _refuse(404, RefusalReason.NOT_FOUND, "no such admin route")
 
 
 def serve(traffic_port: int, control_port: int) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from genrm_contract.drain import DrainConflict, DrainMachine
-from genrm_contract.sidecar import DrainState, Phase
+from genrm_contract.sidecar import DrainPhase, DrainState
 
 SERVING, SOFT, FENCED, DRAINED = DrainState.SERVING, DrainState.SOFT_DRAIN, DrainState.FENCED, DrainState.DRAINED
 
@@ -15,9 +15,9 @@ def machine() -> DrainMachine:
 
 
 def test_soft_then_fence_then_drained_after_the_quiet_period() -> None:
-    m = machine().drain("d", Phase.SOFT, None, now=10.0, idle_since=None)
+    m = machine().drain("d", DrainPhase.SOFT, None, now=10.0, idle_since=None)
     assert (m.state, m.drain_id, m.admitting) == (SOFT, "d", True)
-    m = m.drain("d", Phase.FENCE, None, now=15.0, idle_since=None)
+    m = m.drain("d", DrainPhase.FENCE, None, now=15.0, idle_since=None)
     assert (m.state, m.fenced_at, m.admitting) == (FENCED, 15.0, False)
     assert m.at(100.0, None).state is FENCED  # busy: never drained
     assert m.next_change(16.0) == 18.0
@@ -26,11 +26,11 @@ def test_soft_then_fence_then_drained_after_the_quiet_period() -> None:
 
 
 def test_a_fence_while_serving_soft_drains_for_the_propagation_window_first() -> None:
-    m = machine().drain("d", Phase.FENCE, None, now=10.0, idle_since=0.0)
+    m = machine().drain("d", DrainPhase.FENCE, None, now=10.0, idle_since=0.0)
     assert (m.state, m.fence_at, m.admitting) == (SOFT, 15.0, True)
     assert m.next_change(0.0) == 15.0
     # A repeated fence does not rush it.
-    assert m.drain("d", Phase.FENCE, None, now=12.0, idle_since=0.0).state is SOFT
+    assert m.drain("d", DrainPhase.FENCE, None, now=12.0, idle_since=0.0).state is SOFT
     assert m.at(14.9, None).state is SOFT
     fenced = m.at(15.0, None)
     assert (fenced.state, fenced.fenced_at, fenced.fence_at) == (FENCED, 15.0, None)
@@ -39,22 +39,22 @@ def test_a_fence_while_serving_soft_drains_for_the_propagation_window_first() ->
 
 
 def test_a_fence_of_an_idle_soft_drained_replica_is_drained_at_once() -> None:
-    m = machine().drain("d", Phase.SOFT, None, now=10.0, idle_since=1.0)
-    assert m.drain("d", Phase.FENCE, None, now=16.0, idle_since=1.0).state is DRAINED
+    m = machine().drain("d", DrainPhase.SOFT, None, now=10.0, idle_since=1.0)
+    assert m.drain("d", DrainPhase.FENCE, None, now=16.0, idle_since=1.0).state is DRAINED
 
 
 def test_drain_ids_are_idempotent_and_exclusive() -> None:
-    m = machine().drain("d", Phase.SOFT, 0.5, now=1.0, idle_since=None)
+    m = machine().drain("d", DrainPhase.SOFT, 0.5, now=1.0, idle_since=None)
     assert m.quiet_seconds == 0.5
-    assert m.drain("d", Phase.SOFT, None, now=2.0, idle_since=None) == m
+    assert m.drain("d", DrainPhase.SOFT, None, now=2.0, idle_since=None) == m
     with pytest.raises(DrainConflict):
-        m.drain("other", Phase.FENCE, None, now=2.0, idle_since=None)
+        m.drain("other", DrainPhase.FENCE, None, now=2.0, idle_since=None)
     with pytest.raises(DrainConflict):
         m.undrain("other", now=2.0, idle_since=None)
 
 
 def test_undrain_returns_to_serving_until_drained() -> None:
-    m = machine().drain("d", Phase.FENCE, None, now=0.0, idle_since=None).at(6.0, None)
+    m = machine().drain("d", DrainPhase.FENCE, None, now=0.0, idle_since=None).at(6.0, None)
     assert m.state is FENCED
     back = m.undrain("d", now=7.0, idle_since=None)
     assert (back.state, back.drain_id, back.fence_at, back.fenced_at, back.admitting) == (SERVING, None, None, None,
@@ -64,4 +64,4 @@ def test_undrain_returns_to_serving_until_drained() -> None:
     assert drained.state is DRAINED
     with pytest.raises(DrainConflict):
         drained.undrain("d", now=9.0, idle_since=6.0)
-    assert drained.drain("d", Phase.SOFT, None, now=9.0, idle_since=6.0).state is DRAINED  # final
+    assert drained.drain("d", DrainPhase.SOFT, None, now=9.0, idle_since=6.0).state is DRAINED  # final

@@ -49,7 +49,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from genrm_contract.drain import DrainConflict, DrainMachine
-from genrm_contract.sidecar import DrainState, Phase
+from genrm_contract.sidecar import DrainPhase, DrainState
 from genrm_operator.api.pool import GenRMPoolSpec, GenRMPoolStatus
 from genrm_operator.core.children import template_revision
 from genrm_operator.core.classify import failure_reason
@@ -488,7 +488,7 @@ class World:
                     return
                 sc = pod.sidecar
                 try:
-                    sc.machine = sc.machine.drain(did, Phase(phase), None, self.now, sc.idle_since)
+                    sc.machine = sc.machine.drain(did, DrainPhase(phase), None, self.now, sc.idle_since)
                 except DrainConflict:
                     return  # 409: another drain is in progress
             case Undrain(name=name, drain_id=did):

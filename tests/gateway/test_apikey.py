@@ -26,7 +26,7 @@ import openai
 import pytest
 import yaml
 from conftest import AUTH, Stack, gateway_process, gateway_stack
-from genrm_contract.sidecar import ENGINE_CONFIG_FILE, ENGINE_KEY_ENV, ENGINE_KEY_FILE, PROBE_PREFIX
+from genrm_contract.sidecar import ENGINE_CONFIG_FILE, ENGINE_KEY_ENV, ENGINE_KEY_FILE, PROBE_PREFIX, RefusalReason
 from genrm_gateway import cli
 from genrm_sim import cli as sim_cli
 from spy import running_spy
@@ -98,15 +98,16 @@ def test_a_gateway_whose_key_file_is_unusable_does_not_start(tmp_path: Path) -> 
 
 
 def test_judge_clients_need_the_pools_key(keyed: Stack) -> None:
-    before = {reason: refused(keyed, reason) for reason in ("unauthenticated", "invalidApiKey")}
-    for headers, reason in (({}, "unauthenticated"), ({"authorization": KEY}, "unauthenticated"),
-                            ({"authorization": f"Basic {KEY}"}, "unauthenticated"),
-                            ({"authorization": "Bearer not-the-key"}, "invalidApiKey")):
+    unauthenticated, invalid = RefusalReason.UNAUTHENTICATED, RefusalReason.INVALID_API_KEY
+    before = {reason: refused(keyed, reason) for reason in (unauthenticated, invalid)}
+    for headers, reason in (({}, unauthenticated), ({"authorization": KEY}, unauthenticated),
+                            ({"authorization": f"Basic {KEY}"}, unauthenticated),
+                            ({"authorization": "Bearer not-the-key"}, invalid)):
         answer = httpx.post(f"{keyed.url}/generate", json=JUDGE, headers=headers)
         assert answer.status_code == 401 and answer.json()["error"]["reason"] == reason, headers
         assert answer.headers["x-genrm-reason"] == reason and answer.headers["www-authenticate"] == "Bearer"
     assert {reason: refused(keyed, reason) - before[reason] for reason in before} == {
-        "unauthenticated": 3, "invalidApiKey": 1}
+        unauthenticated: 3, invalid: 1}
     judged = httpx.post(f"{keyed.url}/generate", json=JUDGE, headers={"authorization": f"bEaReR {KEY}"})
     assert judged.status_code == 200 and judged.json()["text"]  # the scheme in any case, as SGLang
     with openai.OpenAI(base_url=f"{keyed.url}/v1", api_key=KEY, max_retries=0) as judge:
@@ -122,12 +123,12 @@ def test_sglangs_open_paths_stay_open_and_server_info_never_shows_the_key(keyed:
     """``/server_info`` reports SGLang's ``api_key``: blocked for key holders, 401 for others."""
     for path in ("/server_info", "/get_server_info"):
         blocked = httpx.get(f"{keyed.url}{path}", headers=BEARER)
-        assert blocked.status_code == 403 and blocked.json()["error"]["reason"] == "notAllowed"
+        assert blocked.status_code == 403 and blocked.json()["error"]["reason"] == RefusalReason.NOT_ALLOWED
         assert "k3y" not in blocked.text
         assert httpx.get(f"{keyed.url}{path}").status_code == 401
     assert httpx.get(f"{keyed.sim.url}/server_info", headers=BEARER).json()["api_key"] == KEY  # what is kept back
     for path in ("/health", "/health_generate", "/ready", "/metrics"):  # as SGLang: no key asked, then refused
-        assert httpx.get(f"{keyed.url}{path}").json()["error"]["reason"] == "notAllowed", path
+        assert httpx.get(f"{keyed.url}{path}").json()["error"]["reason"] == RefusalReason.NOT_ALLOWED, path
     assert httpx.options(f"{keyed.url}/generate").status_code == 405
     assert httpx.get(f"{keyed.url}/no-such-route").status_code == 401
     assert httpx.get(f"{keyed.url}/no-such-route", headers=BEARER).status_code == 404
@@ -172,8 +173,8 @@ def test_the_operators_probes_reach_the_judge_on_the_control_port_with_the_contr
     assert httpx.get(f"{probe}/model_info", headers=AUTH).json()["is_generation"] is True
     answer = httpx.post(f"{probe}/generate", json=JUDGE, headers={**AUTH, "x-request-id": "genrm-verify-1"})
     assert answer.status_code == 200 and answer.json()["text"] and answer.headers["x-request-id"] == "genrm-verify-1"
-    for headers, code, reason in (({}, 401, "unauthenticated"), (BEARER, 403, "forbidden"),
-                                  ({"authorization": "Bearer nope"}, 403, "forbidden")):
+    for headers, code, reason in (({}, 401, RefusalReason.UNAUTHENTICATED), (BEARER, 403, RefusalReason.FORBIDDEN),
+                                  ({"authorization": "Bearer nope"}, 403, RefusalReason.FORBIDDEN)):
         refusal = httpx.post(f"{probe}/generate", json=JUDGE, headers=headers)
         assert (refusal.status_code, refusal.json()["error"]["reason"]) == (code, reason), headers
         assert refusal.headers["connection"] == "close"

@@ -14,6 +14,7 @@ import json
 from unittest import mock
 
 import pytest
+from genrm_contract.sidecar import RefusalReason
 from genrm_gateway import body as body_module
 from genrm_gateway.body import containers
 from genrm_gateway.errors import Refusal
@@ -66,7 +67,7 @@ def test_any_bytes_are_counted_or_refused_as_invalid_json(raw: bytes, limit: int
     try:
         assert containers(raw, limit) >= 0
     except Refusal as refusal:
-        assert refusal.code == 400 and refusal.reason == "invalidJson"
+        assert refusal.code == 400 and refusal.reason == RefusalReason.INVALID_JSON
 
 
 @pytest.mark.parametrize("body", [

@@ -11,6 +11,7 @@ import time
 import httpx
 import pytest
 from conftest import AUTH, TOKEN, Stack, gateway_stack
+from genrm_contract.sidecar import RefusalReason
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.timeout(30)
 def test_control_endpoints_need_the_token(shared: Stack) -> None:
     assert httpx.get(f"{shared.control}/v1/state").status_code == 401
     wrong = httpx.get(f"{shared.control}/v1/state", headers={"authorization": "Bearer nope"})
-    assert wrong.status_code == 403 and wrong.json()["error"]["reason"] == "forbidden"
+    assert wrong.status_code == 403 and wrong.json()["error"]["reason"] == RefusalReason.FORBIDDEN
     assert httpx.post(f"{shared.control}/v1/drain", json={"drainId": "x", "phase": "soft"}).status_code == 401
     assert httpx.post(f"{shared.control}/v1/undrain", json={"drainId": "x"},
                       headers={"authorization": "Bearer nope"}).status_code == 403
@@ -34,7 +35,7 @@ def test_drain_ids_are_idempotent_and_exclusive(fresh: Stack) -> None:
     assert fresh.drain("op-1/pod", "soft").json()["state"] == "SoftDrain"
     assert fresh.drain("op-2/pod", "soft").status_code == 409
     ready = httpx.get(f"{fresh.control}/healthz/ready")
-    assert ready.status_code == 503 and ready.json()["error"]["reason"] == "draining"
+    assert ready.status_code == 503 and ready.json()["error"]["reason"] == RefusalReason.DRAINING
     served = httpx.post(f"{fresh.url}/generate", json={"text": "x"})
     assert served.status_code == 200 and served.headers["x-genrm-draining"] == "1"
     assert httpx.post(f"{fresh.control}/v1/undrain", headers=AUTH, json={"drainId": "op-2/pod"}).status_code == 409
@@ -52,8 +53,8 @@ def test_drain_ids_are_idempotent_and_exclusive(fresh: Stack) -> None:
     assert fresh.state()["state"] in ("Fenced", "Drained")
     refused = httpx.post(f"{fresh.url}/generate", json={"text": "x"})
     assert refused.status_code == 503
-    assert refused.headers["retry-after"] == "1" and refused.headers["x-genrm-reason"] == "draining"
-    assert refused.json()["error"]["reason"] == "draining"
+    assert refused.headers["retry-after"] == "1" and refused.headers["x-genrm-reason"] == RefusalReason.DRAINING
+    assert refused.json()["error"]["reason"] == RefusalReason.DRAINING
     deadline = time.monotonic() + 5
     while fresh.state()["state"] != "Drained" and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -99,7 +100,7 @@ def test_drain_under_continuous_load_loses_nothing(fresh: Stack) -> None:
 
     asyncio.run(scenario())
     statuses = {(status, reason) for _, _, status, reason in outcomes}
-    assert statuses <= {(200, ""), (503, "draining")}
+    assert statuses <= {(200, ""), (503, RefusalReason.DRAINING)}
     assert any(status == 200 for _, _, status, _ in outcomes)
     assert all(status == 503 for sent, _, status, _ in outcomes if sent > fenced_at[0])
     assert any(sent > fenced_at[0] for sent, _, _, _ in outcomes)
@@ -187,5 +188,5 @@ def test_a_state_poll_waits_for_a_change_of_version(fresh: Stack) -> None:
                 {"version": 1, "waitSeconds": "nan"}, {"version": -1}, {"version": "x"}):
         started = time.monotonic()
         refused = poll(**bad)
-        assert refused.status_code == 400 and refused.json()["error"]["reason"] == "badRequest", bad
+        assert refused.status_code == 400 and refused.json()["error"]["reason"] == RefusalReason.BAD_REQUEST, bad
         assert time.monotonic() - started < 1.0

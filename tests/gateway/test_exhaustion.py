@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import TOKEN, Gateway, gateway_process, sent_unread
+from genrm_contract.sidecar import RefusalReason
 from genrm_gateway.connection import MAX_PIPELINED
 from genrm_testing import free_port
 from spy import SpyEngine, running_spy
@@ -126,11 +127,11 @@ def test_an_engine_that_never_answers_gets_504_at_the_engine_head_timeout(spy: S
         response = httpx.post(f"{gateway.url}/generate", content=b'{"text": "judge"}',
                               headers={"content-type": "application/json"}, timeout=10)
         assert response.status_code == 504, response.text
-        assert response.json()["error"]["reason"] == "engineTimeout"
+        assert response.json()["error"]["reason"] == RefusalReason.ENGINE_TIMEOUT
         assert 0.9 < time.monotonic() - started < 4
         rid = spy.judged(mark)[0].json()["rid"]
         assert any(s.target == "/abort_request" and s.json()["rid"] == rid for s in spy.since(mark))
-        assert refused(gateway, "engineTimeout") == 1
+        assert refused(gateway, RefusalReason.ENGINE_TIMEOUT) == 1
         settled(gateway)
         spy.misbehave = ""
         quickly_served(gateway)
@@ -149,7 +150,7 @@ def test_a_stream_the_engine_stops_is_cut_at_the_engine_read_timeout(spy: SpyEng
         assert received.startswith(b"HTTP/1.1 200 ") and b"data: {}" in received
         assert not received.endswith(b"0\r\n\r\n")  # cut, not ended as if complete
         assert 0.9 < elapsed < 4
-        assert refused(gateway, "engineTimeout") == 1
+        assert refused(gateway, RefusalReason.ENGINE_TIMEOUT) == 1
         settled(gateway)
         spy.misbehave = ""
         quickly_served(gateway)
@@ -216,9 +217,9 @@ HUGE_DRAIN = json.dumps({"drainId": "d", "phase": "soft", "pad": ["x" * 60] * (1
 
 
 @pytest.mark.parametrize(("headers", "code", "reason"), [
-    ((), 401, "unauthenticated"),
-    ((b"authorization: Bearer wrong",), 403, "forbidden"),
-    ((b"authorization: Bearer " + TOKEN.encode(),), 413, "bodyTooLarge"),
+    ((), 401, RefusalReason.UNAUTHENTICATED),
+    ((b"authorization: Bearer wrong",), 403, RefusalReason.FORBIDDEN),
+    ((b"authorization: Bearer " + TOKEN.encode(),), 413, RefusalReason.BODY_TOO_LARGE),
 ])
 def test_a_huge_control_body_is_refused_before_it_is_read(
         spy: SpyEngine, headers: tuple[bytes, ...], code: int, reason: str) -> None:
@@ -240,7 +241,7 @@ def test_control_bodies_up_to_64_kib_are_read(spy: SpyEngine) -> None:
         auth = b"authorization: Bearer " + TOKEN.encode()
         fits = json.dumps({"drainId": "d", "phase": "soft", "pad": "x" * 60_000}).encode()
         read = control_post(gateway, b"/v1/drain", fits, auth)  # read, then judged: no such field as "pad"
-        assert read.startswith(b"HTTP/1.1 400 ") and b"badRequest" in read
+        assert read.startswith(b"HTTP/1.1 400 ") and RefusalReason.BAD_REQUEST.encode() in read
         over = json.dumps({"drainId": "d", "phase": "soft", "pad": "x" * (64 * 1024)}).encode()
         assert control_post(gateway, b"/v1/drain", over, auth).startswith(b"HTTP/1.1 413 ")
         assert control_post(gateway, b"/v1/drain", over, auth, chunked=True).startswith(b"HTTP/1.1 413 ")
@@ -266,7 +267,7 @@ def test_trailer_fields_never_reach_the_engine_nor_the_answer(spy: SpyEngine) ->
         (seen,) = spy.judged(mark)
         assert dict(seen.headers).get("content-type") == "application/json"
         assert "authorization" not in dict(seen.headers) and b"stolen" not in seen.body
-        assert refused(gateway, "trailerDropped") == 1
+        assert refused(gateway, RefusalReason.TRAILER_DROPPED) == 1
         quickly_served(gateway)
         drains(gateway)
 
@@ -284,14 +285,14 @@ def test_an_endless_trailer_gets_431_with_bounded_memory(spy: SpyEngine) -> None
                 return answer(sock, 3)
 
         reply, grown = during(gateway, endless)
-        assert reply.startswith(b"HTTP/1.1 431 ") and b"headTooLarge" in reply, reply[:200]
+        assert reply.startswith(b"HTTP/1.1 431 ") and RefusalReason.HEAD_TOO_LARGE.encode() in reply, reply[:200]
         assert grown < 12, grown
-        assert refused(gateway, "headTooLarge") == 1
+        assert refused(gateway, RefusalReason.HEAD_TOO_LARGE) == 1
         many = b"".join(b"x-t%d: v\r\n" % i for i in range(200))
         with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
             sock.sendall(chunked_post(b'{"text": "judge"}', many))
             assert answer(sock, 3).startswith(b"HTTP/1.1 431 ")
-        assert refused(gateway, "tooManyHeaders") == 1
+        assert refused(gateway, RefusalReason.TOO_MANY_HEADERS) == 1
         settled(gateway)
         quickly_served(gateway)
         drains(gateway)
@@ -356,8 +357,8 @@ def test_a_json_body_of_tiny_strings_is_refused_without_stalling_the_loop(spy: S
         spent3, stalled3 = probe_stall(gateway, three_at_once)
         print(f"three at once: gateway CPU {spent3:.3f} s, slowest liveness probe {stalled3:.3f} s")
         assert [r.status_code for r in three] == [400] * 3
-        assert all(r.json()["error"]["reason"] == "jsonTooComplex" for r in three)
-        assert refused(gateway, "jsonTooComplex") == 4
+        assert all(r.json()["error"]["reason"] == RefusalReason.JSON_TOO_COMPLEX for r in three)
+        assert refused(gateway, RefusalReason.JSON_TOO_COMPLEX) == 4
         # Receiving 8 MiB costs the gateway CPU too; the walk over 2 million strings cost a second.
         assert spent < 0.5 and stalled < 0.5, (spent, stalled)
         assert stalled3 < 1.0, stalled3
@@ -391,7 +392,7 @@ def test_large_answers_to_clients_that_never_read_are_bounded_and_held_in_flight
         assert spy.streamed_bytes < 4 * (24 << 20), spy.streamed_bytes
         assert peak - baseline < 4 * 6, (baseline, peak)  # before: about twice the answer per client
         settled(gateway, seconds=8)  # cut at the write timeout
-        assert refused(gateway, "writeTimeout") == 4
+        assert refused(gateway, RefusalReason.WRITE_TIMEOUT) == 4
         for sock in readers:
             assert answer(sock, 0.5).startswith(b"HTTP/1.1 200 ")  # what was written, then the cut
             sock.close()
@@ -447,7 +448,7 @@ def test_a_low_soft_open_file_limit_is_raised_so_idle_connections_get_the_docume
         assert httpx.get(f"{gateway.control}/healthz/live", timeout=5).status_code == 200
         with socket.create_connection(("127.0.0.1", gateway.port)) as extra:
             assert answer(extra, 3).startswith(b"HTTP/1.1 503 ")
-        assert refused(gateway, "tooManyConnections") == 1
+        assert refused(gateway, RefusalReason.TOO_MANY_CONNECTIONS) == 1
         hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         assert open_files(gateway) == (hard, hard)
         for sock in idle[:50]:
@@ -534,8 +535,8 @@ def test_connections_that_send_stray_bytes_after_an_answer_are_closed_in_time(sp
             left = closed_within(sock, max(0.1, started + 4 - time.monotonic()))
             assert left is not None, f"{name}: still open"
             sock.close()
-        assert refused(gateway, "headTimeout") == 8
-        assert refused(gateway, "bodyTimeout") == 16
+        assert refused(gateway, RefusalReason.HEAD_TIMEOUT) == 8
+        assert refused(gateway, RefusalReason.BODY_TIMEOUT) == 16
         quickly_served(gateway)
         settled(gateway)
         drains(gateway)
@@ -575,10 +576,10 @@ def test_a_flood_of_pipelined_requests_is_refused_after_a_few_with_bounded_memor
         reply, grown = during(gateway, partial(pipelined_flood, target, request_bytes))
         print(f"512 KiB of pipelined requests on the {port} port: {grown:.1f} MiB")
         statuses = [int(code) for code in STATUS.findall(reply)]
-        assert statuses[-1] == 503 and b"tooManyPipelined" in reply, statuses[-3:]
+        assert statuses[-1] == 503 and RefusalReason.TOO_MANY_PIPELINED.encode() in reply, statuses[-3:]
         assert len(statuses) >= MAX_PIPELINED + 2 and set(statuses[:-1]) == {200}, statuses
         assert grown < 8, grown  # before: about 100 bytes per byte sent
-        assert refused(gateway, "tooManyPipelined") == 1
+        assert refused(gateway, RefusalReason.TOO_MANY_PIPELINED) == 1
         settled(gateway)
         quickly_served(gateway)
         drains(gateway)

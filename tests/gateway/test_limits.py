@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import Gateway, gateway_process, sent_unread
+from genrm_contract.sidecar import RefusalReason
 from spy import SpyEngine, running_spy
 
 pytestmark = pytest.mark.timeout(120)
@@ -132,7 +133,7 @@ def test_a_stalled_upload_is_refused_at_the_body_timeout_and_the_drain_completes
         for phase in ("soft", "fence"):
             assert gateway.drain("d", phase).status_code == 200
         refused = answer(sock, 3)
-    assert refused.startswith(b"HTTP/1.1 408 ") and b"bodyTimeout" in refused
+    assert refused.startswith(b"HTTP/1.1 408 ") and RefusalReason.BODY_TIMEOUT.encode() in refused
     deadline = time.monotonic() + 3
     while gateway.state()["state"] != "Drained" and time.monotonic() < deadline:
         time.sleep(0.05)

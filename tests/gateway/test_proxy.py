@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 from conftest import Stack, gateway_stack
+from genrm_contract.sidecar import RefusalReason
 from genrm_testing import run_sim, wait_ready
 
 pytestmark = pytest.mark.timeout(30)
@@ -57,17 +58,17 @@ def test_refusals_are_json_and_counted(shared: Stack) -> None:
     for path in ("/flush_cache", "/update_weights_from_disk", "/update_weights_from_ipc", "/start_profile"):
         response = httpx.post(f"{shared.url}{path}", json={})
         assert response.status_code in (403, 404)
-        assert response.json()["error"]["reason"] == "notAllowed"
+        assert response.json()["error"]["reason"] == RefusalReason.NOT_ALLOWED
     unknown = httpx.get(f"{shared.url}/nope")
-    assert unknown.status_code == 404 and unknown.json()["error"]["reason"] == "notFound"
+    assert unknown.status_code == 404 and unknown.json()["error"]["reason"] == RefusalReason.NOT_FOUND
     bad = httpx.post(f"{shared.url}/generate", content=b"{not json")
-    assert bad.status_code == 400 and bad.json()["error"]["reason"] == "invalidJson"
+    assert bad.status_code == 400 and bad.json()["error"]["reason"] == RefusalReason.INVALID_JSON
     assert httpx.post(f"{shared.url}/v1/completions", json=[1]).status_code == 400
     huge = httpx.post(f"{shared.url}/generate", json={"text": "x" * 5000})
-    assert huge.status_code == 413 and huge.json()["error"]["reason"] == "bodyTooLarge"
+    assert huge.status_code == 413 and huge.json()["error"]["reason"] == RefusalReason.BODY_TOO_LARGE
     # Chunked, no content-length, delivered in one piece: the limit still applies.
     chunked = httpx.post(f"{shared.url}/generate", content=iter([json.dumps({"text": "x" * 5000}).encode()]))
-    assert chunked.status_code == 413 and chunked.json()["error"]["reason"] == "bodyTooLarge"
+    assert chunked.status_code == 413 and chunked.json()["error"]["reason"] == RefusalReason.BODY_TOO_LARGE
     assert httpx.get(f"{shared.url}/generate").status_code == 405
     metrics = httpx.get(f"{shared.control}/metrics").text
     assert 'genrm_gateway_refused_total{reason="bodyTooLarge"} 2.0' in metrics
@@ -112,13 +113,13 @@ def test_engine_killed_mid_request_gives_502_and_inflight_returns_to_zero() -> N
 
         response = asyncio.run(scenario())
         assert response.status_code == 502
-        assert response.json()["error"]["reason"] == "engineDisconnected"
+        assert response.json()["error"]["reason"] == RefusalReason.ENGINE_DISCONNECTED
         assert stack.metric("genrm_gateway_inflight_requests") == 0
         # The engine is gone: unready at once, and new requests get a retryable refusal that
         # also closes the connection, so a retry can reach another replica.
         assert httpx.get(f"{stack.control}/healthz/ready").status_code == 503
         down = httpx.post(f"{stack.url}/generate", json={"text": "x"})
-        assert down.status_code == 503 and down.json()["error"]["reason"] == "engineUnavailable"
+        assert down.status_code == 503 and down.json()["error"]["reason"] == RefusalReason.ENGINE_UNAVAILABLE
         assert down.headers["retry-after"] == "1" and down.headers["connection"] == "close"
         assert httpx.get(f"{stack.control}/healthz/live").status_code == 200
 
@@ -152,7 +153,7 @@ def test_sigterm_waits_for_inflight_requests() -> None:
 
         slow, refused = asyncio.run(scenario())
         assert slow.status_code == 200
-        assert refused.status_code == 503 and refused.headers["x-genrm-reason"] == "draining"
+        assert refused.status_code == 503 and refused.headers["x-genrm-reason"] == RefusalReason.DRAINING
         assert stack.process.wait(5) == 0
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from genrm_contract.sidecar import PROBE_PREFIX, DrainRequest, DrainState, EngineReport, Phase, StateDocument
+from genrm_contract.sidecar import PROBE_PREFIX, DrainPhase, DrainRequest, DrainState, EngineReport, StateDocument
 from genrm_operator.api.spec import VerificationSpec
 from genrm_operator.shell.sidecar import DEFAULT_PROBES, STATE_SECONDS, Endpoint, SidecarClient
 from prometheus_client import REGISTRY
@@ -84,7 +84,7 @@ async def test_a_drain_answers_the_state_it_led_to_and_a_refusal_or_garbage_is_u
         sidecars: list[tuple[StandIn, Endpoint]]) -> None:
     (stand_in, ep), _ = sidecars
     client = SidecarClient()
-    request = DrainRequest(drain_id="d-1", phase=Phase.SOFT, quiet_seconds=1)
+    request = DrainRequest(drain_id="d-1", phase=DrainPhase.SOFT, quiet_seconds=1)
     try:
         assert await client.drain(ep, request) == STATE
         stand_in.drain_status = 409
@@ -128,9 +128,9 @@ async def test_every_request_is_counted_once_by_call_and_code(sidecars: list[tup
     try:
         await client.state(ep, 3, 0.0)
         await client.state(ep)
-        await client.drain(ep, DrainRequest(drain_id="d-1", phase=Phase.SOFT, quiet_seconds=1))
+        await client.drain(ep, DrainRequest(drain_id="d-1", phase=DrainPhase.SOFT, quiet_seconds=1))
         stand_in.drain_status = 409
-        await client.drain(ep, DrainRequest(drain_id="d-1", phase=Phase.SOFT, quiet_seconds=1))
+        await client.drain(ep, DrainRequest(drain_id="d-1", phase=DrainPhase.SOFT, quiet_seconds=1))
         stand_in.delay = STATE_SECONDS + 0.3
         assert await client.state(ep) is None  # the answer came too late: a failed call, no code
         stand_in.delay = 0.0

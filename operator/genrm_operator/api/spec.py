@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+from genrm_contract import limits as defaults
 from genrm_contract import sidecar
 from pydantic import Field, WithJsonSchema
 
@@ -171,37 +172,37 @@ class GatewayLimits(ApiModel):
         )
     }
 
-    max_head_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    max_head_bytes: int = Field(defaults.MAX_HEAD_BYTES, ge=1024, le=16 * 1024 * 1024)
     """Request line plus headers larger than this are refused with 431."""
-    max_headers: int = Field(100, ge=8, le=10000)
+    max_headers: int = Field(defaults.MAX_HEADERS, ge=8, le=10000)
     """Requests with more header fields are refused with 431."""
-    head_timeout_seconds: float = Field(10.0, gt=0, le=3600)
+    head_timeout_seconds: float = Field(defaults.HEAD_TIMEOUT_SECONDS, gt=0, le=3600)
     """A request head not complete this long after its first byte is refused with 408."""
-    body_timeout_seconds: float = Field(30.0, gt=0, le=3600)
+    body_timeout_seconds: float = Field(defaults.BODY_TIMEOUT_SECONDS, gt=0, le=3600)
     """A request body not complete within this is refused with 408 (and stops counting as in flight)."""
-    max_json_depth: int = Field(32, ge=2, le=1000)
+    max_json_depth: int = Field(defaults.MAX_JSON_DEPTH, ge=2, le=1000)
     """JSON bodies nesting deeper are refused with 400."""
-    max_json_containers: int = Field(10_000, ge=16, le=10_000_000)
+    max_json_containers: int = Field(defaults.MAX_JSON_CONTAINERS, ge=16, le=10_000_000)
     """JSON bodies with more arrays and objects are refused with 400 (bounds the gateway's parsing time)."""
-    max_batch_size: int = Field(4096, ge=1, le=1_000_000)
+    max_batch_size: int = Field(defaults.MAX_BATCH_SIZE, ge=1, le=1_000_000)
     """Batched requests with more prompts are refused with 400."""
-    max_connections: int = Field(4096, ge=1, le=1_000_000)
+    max_connections: int = Field(defaults.MAX_CONNECTIONS, ge=1, le=1_000_000)
     """Open client connections per replica; more are answered 503 and closed."""
-    write_timeout_seconds: float = Field(30.0, gt=0, le=3600)
+    write_timeout_seconds: float = Field(defaults.WRITE_TIMEOUT_SECONDS, gt=0, le=3600)
     """A client that reads nothing of its response this long is disconnected and its request aborted."""
-    keep_alive_seconds: float = Field(75.0, gt=0, le=3600)
+    keep_alive_seconds: float = Field(defaults.KEEP_ALIVE_SECONDS, gt=0, le=3600)
     """Idle keep-alive client connections are closed after this."""
-    max_connection_age_seconds: float = Field(300.0, ge=0, le=86400)
+    max_connection_age_seconds: float = Field(defaults.MAX_CONNECTION_AGE_SECONDS, ge=0, le=86400)
     """A client connection older than this (jittered by up to 10% either way) is handed back: its next
     response carries Connection: close, so the client reconnects and the Service places it anew. The
     backstop of load spread when the operator is away; 0 turns it off, else at least 10."""
-    engine_wait_seconds: float = Field(5.0, ge=0, le=600)
+    engine_wait_seconds: float = Field(defaults.ENGINE_WAIT_SECONDS, ge=0, le=600)
     """A request that finds the engine unreachable waits this long for it to come back before a retryable 503."""
-    engine_head_timeout_seconds: float = Field(600.0, gt=0, le=86400)
+    engine_head_timeout_seconds: float = Field(defaults.ENGINE_HEAD_TIMEOUT_SECONDS, gt=0, le=86400)
     """An engine answer whose head has not come this long after the request was sent is refused with 504
     engineTimeout (a non-streamed answer's head comes only when its generation ends: this bounds one
     generation)."""
-    engine_read_timeout_seconds: float = Field(300.0, gt=0, le=86400)
+    engine_read_timeout_seconds: float = Field(defaults.ENGINE_READ_TIMEOUT_SECONDS, gt=0, le=86400)
     """An engine answer that sends nothing more this long, while the gateway reads it, is ended: 504
     engineTimeout, or a cut stream (and the engine request is aborted)."""
 

@@ -132,6 +132,60 @@ class Reason(StrEnum):
     RECONCILE_ERROR = "ReconcileError"
 
 
+class FailureReason(StrEnum):
+    """Why a replica must be replaced (``core.classify.failure_reason``): recorded in the status
+    (``AddedPod.failure``, history and condition messages) and named in the Warning event."""
+
+    REPLICA_FAILED = "ReplicaFailed"
+    REPLICA_CRASHED = "ReplicaCrashed"
+    REPLICA_INCONSISTENT = "ReplicaInconsistent"
+    STARTUP_TIMEOUT = "StartupTimeout"
+
+
+class EventReason(StrEnum):
+    """The reasons of the Kubernetes Events the operator records on a pool (``kubectl describe``):
+    the users' vocabulary, one member per reason an event may carry."""
+
+    # An operation's life: <type><Started|outcome> (see :meth:`operation`).
+    SCALE_OUT_STARTED = "ScaleOutStarted"
+    SCALE_OUT_SUCCEEDED = "ScaleOutSucceeded"
+    SCALE_OUT_PARTIAL = "ScaleOutPartial"
+    SCALE_OUT_FAILED = "ScaleOutFailed"
+    SCALE_OUT_SUPERSEDED = "ScaleOutSuperseded"
+    SCALE_IN_STARTED = "ScaleInStarted"
+    SCALE_IN_SUCCEEDED = "ScaleInSucceeded"
+    SCALE_IN_PARTIAL = "ScaleInPartial"
+    SCALE_IN_FAILED = "ScaleInFailed"
+    SCALE_IN_SUPERSEDED = "ScaleInSuperseded"
+    ROLLOUT_STARTED = "RolloutStarted"
+    ROLLOUT_SUCCEEDED = "RolloutSucceeded"
+    ROLLOUT_PARTIAL = "RolloutPartial"
+    ROLLOUT_FAILED = "RolloutFailed"
+    ROLLOUT_SUPERSEDED = "RolloutSuperseded"
+    ROLLOUT_RETARGETED = "RolloutRetargeted"
+    ROLLOUT_BLOCKED = "RolloutBlocked"
+    # Replicas.
+    VICTIMS_SELECTED = "VictimsSelected"
+    REPLICAS_RETIRING = "ReplicasRetiring"
+    REPLICA_RESCUED = "ReplicaRescued"
+    REPLICA_PUBLISHED = "ReplicaPublished"
+    REPLICA_FAILED = "ReplicaFailed"
+    REPLICA_MISPLACED = "ReplicaMisplaced"
+    DRAIN_FORCED = "DrainForced"
+    # Children and the autoscaler.
+    CHILD_FAILED = "ChildFailed"
+    AUTOSCALER_OVERRIDDEN = "AutoscalerOverridden"
+    SUCCESSFUL_RESCALE = "SuccessfulRescale"
+    """The built-in autoscaler changed the replica count (HPA's reason)."""
+    FAILED_RESCALE = "FailedRescale"
+    """Its write of the replica count was refused (HPA's reason)."""
+
+    @classmethod
+    def operation(cls, type_: OperationType, stage: Phase | Literal["Started"]) -> EventReason:
+        """The event of an operation starting (``"Started"``) or ending (its terminal phase)."""
+        return cls(f"{type_}{stage}")
+
+
 class Condition(ApiModel):
     """Standard Kubernetes condition (metav1.Condition shape)."""
 

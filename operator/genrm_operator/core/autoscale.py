@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from ..api.autoscaling import AutoscalerStatus
-from ..api.status import AUTOSCALER_CONDITIONS, Condition, ConditionStatus, ConditionType, Reason
+from ..api.status import AUTOSCALER_CONDITIONS, Condition, ConditionStatus, ConditionType, EventReason, Reason
 from ..autoscaling import Decision, Observation, ReplicaSample, ReplicaState, decide
 from ..autoscaling.override import adopt, external_write
 from .classify import Replica, Role
@@ -54,7 +54,7 @@ def autoscale(obs: Observed, replicas: list[Replica]) -> Scaling:
     was_overridden = (c := find(previous.conditions, ConditionType.AUTOSCALER_OVERRIDDEN)) is not None \
         and c.status is ConditionStatus.TRUE
     overridden = external or (was_overridden and not decision.apply) if spec.mode == "Auto" else None
-    events = (Event("Warning", ConditionType.AUTOSCALER_OVERRIDDEN,
+    events = (Event("Warning", EventReason.AUTOSCALER_OVERRIDDEN,
                     f"spec.replicas set to {seen.current_replicas} by another writer; adopted as the "
                     "autoscaler's current count"),) if external else ()
     return Scaling(conditions(decision, overridden, obs), decision.status, decision, events)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api.pool import GenRMPoolSpec
+from ..api.status import EventReason
 from .children import Manifest, pdb_manifest, secret_manifest, service_manifest
 from .names import TOKEN_KEY, pdb_name, secret_name, service_name
 
@@ -76,7 +77,7 @@ class ForeignChild:
 
 
 ChildAction = CreateChild | PatchChild | DeleteChild | ForeignChild
-CHILD_FAILED = "ChildFailed"
+CHILD_FAILED = EventReason.CHILD_FAILED
 """Reason of the Degraded condition and of the Warning event when the API server refuses a child write."""
 NAMES = {"Secret": secret_name, "Service": service_name, "PodDisruptionBudget": pdb_name}
 

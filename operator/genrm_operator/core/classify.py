@@ -9,9 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from typing import Literal
 
 from genrm_contract.sidecar import DrainState
 
+from ..api.status import FailureReason
 from .model import PodView, SidecarView
 
 
@@ -48,7 +50,7 @@ class Replica:
         return self.sidecar.inflight if self.sidecar is not None else 0
 
 
-def failure_reason(pod: PodView, now: float, startup_timeout: float) -> str:
+def failure_reason(pod: PodView, now: float, startup_timeout: float) -> FailureReason | Literal[""]:
     """Why a pod must be replaced, or '' when it is healthy or still has time.
 
     A pod being deleted is judged only by what it did before: its restarts (the containers of a
@@ -61,15 +63,15 @@ def failure_reason(pod: PodView, now: float, startup_timeout: float) -> str:
     backing off (`reconcile.create_backoff`), rather than kept unpublished on its GPU forever.
     """
     if pod.phase in ("Failed", "Succeeded") and not pod.deleting:
-        return "ReplicaFailed"
+        return FailureReason.REPLICA_FAILED
     if pod.restarts > 0:
-        return "ReplicaCrashed"
+        return FailureReason.REPLICA_CRASHED
     if pod.verification == "failed":
-        return "ReplicaInconsistent"
+        return FailureReason.REPLICA_INCONSISTENT
     if pod.deleting or pod.ever_published or pod.unschedulable:
         return ""
     if not pod.ready and now - pod.created_at > startup_timeout:
-        return "StartupTimeout"
+        return FailureReason.STARTUP_TIMEOUT
     return ""
 
 

@@ -25,6 +25,7 @@ import httpx
 from genrm_contract.sidecar import METRICS_PATH
 
 from ..api.autoscaling import AutoscalingSpec
+from ..api.status import EventReason
 from ..autoscaling import Decision
 from ..autoscaling.signals import SIGNALS
 from ..core.model import Event, MetricSamples
@@ -126,9 +127,10 @@ class PoolAutoscaler:
             return events
         except Exception as exc:
             log.exception("autoscaler write of %s/%s failed", self.namespace, self.name)
-            events.append(Event("Warning", "FailedRescale", f"New size: {decision.desired_replicas}; error: {exc}"))
+            events.append(Event("Warning", EventReason.FAILED_RESCALE,
+                                f"New size: {decision.desired_replicas}; error: {exc}"))
             return events
-        events.append(Event("Normal", "SuccessfulRescale",
+        events.append(Event("Normal", EventReason.SUCCESSFUL_RESCALE,
                             f"New size: {decision.desired_replicas}; reason: {_reason(decision)}"))
         return events
 
