@@ -3,10 +3,17 @@
 The single writer (one kopf daemon per pool) calls :func:`reconcile` whenever
 something changed or a resync is due, writes the returned status first and
 only then carries out the actions that take replicas away or back or create
-them (`model.writes_first`, `model.needs_record`; publishes and verification
-probes go beside the write). Every action is idempotent, so running a step
-twice, crashing between the status write and the actions, or a publish whose
-status write was refused, is safe.
+them (`model.deliver`; publishes and verification probes go beside the
+write). Every action is idempotent, so running a step twice, crashing between
+the status write and the actions, or a publish whose status write was refused,
+is safe.
+
+This module is the step's pipeline and what it does outside any operation
+(note creates seen, supersede, replace failed replicas, start an operation).
+The rest is free functions per concern over one small state object
+(`step.Step`), each taking the operation and returning the next one:
+`scale_out`, `scale_in`, `rollout`, `pool_status`, and `backoff` for creates
+held back after failures.
 
 Scale-out phases: Pending -> Provisioning -> Verifying -> Succeeded | Partial.
 Scale-in phases:  Pending -> Unpublishing -> Fencing -> Draining -> Removing
@@ -34,12 +41,10 @@ from genrm_contract.sidecar import DrainState
 
 from ..api.status import (
     AddedPod,
-    ConditionType,
     Operation,
     OperationType,
     Phase,
     Reason,
-    Victim,
 )
 from . import placement
 from .autoscale import autoscale
@@ -54,18 +59,13 @@ from .model import (
 )
 from .names import drain_id
 from .pool_status import next_status
-from .scale_in import advance_scale_in, advance_victims
+from .rollout import advance_rollout, outdated
+from .scale_in import advance_scale_in
 from .scale_out import (
     advance_scale_out,
     awaits_publication,
-    create,
-    may_create,
-    noted_failures,
-    publish_or_verify,
-    retry_creates,
 )
 from .step import (
-    VICTIM_PHASES,
     Step,
     begin,
     counts,
@@ -74,14 +74,10 @@ from .step import (
     failure_detail,
     failure_text,
     finish,
-    gpu_holders,
     ordinal_of,
-    pending_creates,
     role,
-    set_phase,
     victim_names,
 )
-from .victims import choose_victims
 
 
 def reconcile(obs: Observed) -> Plan:
@@ -104,9 +100,6 @@ def reconcile(obs: Observed) -> Plan:
     scaling = autoscale(obs, s.replicas)
     return Plan(status=next_status(s, op, scaling), actions=tuple(s.actions),
                 events=(*s.events, *scaling.events), decision=scaling.decision)
-
-
-# ----- the step --------------------------------------------------------------------------------
 
 
 def note_observed_creates(s: Step, op: Operation | None) -> Operation | None:
@@ -224,99 +217,3 @@ def adopted(s: Step, known: set[str]) -> list[AddedPod]:
     one, must count for the back-off (`back_off`) like the replica it replaced."""
     return [AddedPod(name=r.pod.name, ordinal=ordinal, observed=True) for r in role(s, Role.STARTING)
             if r.pod.name not in known and (ordinal := ordinal_of(s.obs.name, r.pod.name)) is not None]
-
-
-# ----- rollout ---------------------------------------------------------------------------------
-
-
-def outdated(s: Step, op: Operation | None) -> list[Replica]:
-    """Serving or starting replicas, outside ``op``'s victims, made from another pod template."""
-    victims = victim_names(op)
-    return [r for r in s.replicas if r.role in (Role.SERVING, Role.STARTING)
-            and r.pod.name not in victims and r.pod.revision != s.revision]
-
-
-def advance_rollout(s: Step, op: Operation) -> Operation | None:
-    """Replace outdated replicas: surge a verified replacement first, then retire an outdated one.
-
-    Level-based like a scale: every step recounts. New-template replicas are created while
-    fewer than ``spec.replicas`` exist, within ``replicas + maxSurge`` pods; outdated serving
-    replicas are retired (drained exactly like scale-in victims) only while the serving count
-    stays at ``spec.replicas``, or at ``replicas - maxUnavailable`` when no surge replica can
-    be added (no room, or every one waiting is unschedulable). Outdated replicas that do not
-    serve (and draining leftovers of a superseded scale-in) are retired at once. ``spec.paused``
-    stops new replacements; the ones under way finish.
-    """
-    strategy, paused = s.obs.spec.update_strategy.rolling_update, s.obs.spec.paused
-    if op.revision != s.revision:
-        emit(s, "RolloutRetargeted", f"{op.id} continues to revision {s.revision}")
-        op = op.evolve(revision=s.revision)
-    moved, phases, failure = advance_victims(s, op.victims)
-    kept = [v for v, p in zip(moved, phases, strict=True) if p is not None]
-    victim_phases = [p for p in phases if p is not None]
-    op = op.evolve(victims=kept, replaced=op.replaced + len(moved) - len(kept))
-    if failure:
-        finish(s, op, Phase.FAILED, Reason.DRAIN_TIMEOUT, failure)
-        return None
-    op = retry_creates(s, op, s.desired + strategy.max_surge)
-    serving, starting, _ = counts(s, op)
-    current = [r for r in s.replicas if r.role in (Role.SERVING, Role.STARTING) and r.pod.revision == s.revision]
-    waiting = [r for r in current if r.role is Role.STARTING]
-    missing = s.desired - len(current) - len(pending_creates(s, op))
-    if paused:
-        missing = min(missing, s.desired - serving - starting)  # only lost capacity is restored
-    room = max(0, s.desired + strategy.max_surge - gpu_holders(s, op))
-    if min(missing, room) > 0 and may_create(s, op):
-        op = create(s, op, min(missing, room))
-    verifying = publish_or_verify(s, op, s.revision)
-    # A surge replica on its way (scheduled, or its create not yet observed) fills the room: not blocked.
-    on_its_way = any(not r.pod.unschedulable for r in waiting) or bool(pending_creates(s, op))
-    surge_blocked = (missing > 0 and room == 0 and not on_its_way) or \
-        (bool(waiting) and all(r.pod.unschedulable for r in waiting))
-    old = outdated(s, op)
-    if not paused:
-        floor = s.desired - (strategy.max_unavailable if surge_blocked else 0)
-        victims = victim_names(op)
-        # Unpublished leftovers (an outdated starting replica, a draining one from a superseded
-        # scale-in) serve no one and hold the GPUs a surge replica needs.
-        retire = [r for r in old if r.role is Role.STARTING]
-        retire += [r for r in role(s, Role.DRAINING) if r.pod.name not in victims]
-        retire += choose_victims([r for r in old if r.role is Role.SERVING], serving - floor, s.revision)
-        if retire:
-            emit(s, "ReplicasRetiring", ", ".join(r.pod.name for r in retire))
-            op = op.evolve(victims=[*op.victims, *(Victim(name=r.pod.name, uid=r.pod.uid,
-                                                           needs_drain=r.pod.ever_published) for r in retire)])
-            old = [r for r in old if r not in retire]
-            victim_phases += [Phase.UNPUBLISHING] * len(retire)
-    return finish_or_phase_rollout(s, op, old, waiting, verifying, surge_blocked, victim_phases)
-
-
-def finish_or_phase_rollout(s: Step, op: Operation, old: list[Replica], waiting: list[Replica], verifying: bool,
-                            surge_blocked: bool, victim_phases: list[Phase]) -> Operation | None:
-    """Succeeded once no outdated replica is left; Partial on a failed replacement; else the phase."""
-    serving, _, _ = counts(s, op)
-    failure, failed = noted_failures(op)
-    pending = pending_creates(s, op)
-    progress = f"{op.replaced} replaced, {len(old) + len(op.victims)} outdated left, {serving}/{op.to} serving"
-    if not old and not op.victims and serving >= op.to and not pending:
-        finish(s, op, Phase.SUCCEEDED, Reason.TARGET_REACHED,
-               f"{op.replaced} replica(s) replaced; every replica is on revision {s.revision}")
-        return None
-    if failure and not pending:
-        finish(s, op, Phase.PARTIAL, failure, failed)
-        return None
-    if victim_phases:
-        phase = min(victim_phases, key=VICTIM_PHASES.index)
-    elif verifying:
-        phase = Phase.VERIFYING
-    elif s.obs.spec.paused and not waiting and not pending:
-        phase = Phase.PAUSED
-    else:
-        phase = Phase.PROVISIONING
-    if surge_blocked and not op.victims and old and not s.obs.spec.paused:
-        unschedulable = next((r.pod.unschedulable for r in waiting if r.pod.unschedulable), "")
-        s.blocked = (f"no surge replica can start ({unschedulable or 'no room within maxSurge'}) and "
-                     f"maxUnavailable={s.obs.spec.update_strategy.rolling_update.max_unavailable} "
-                     "allows no outdated replica to drain first")
-        emit(s, ConditionType.ROLLOUT_BLOCKED, s.blocked, warning=True)
-    return set_phase(s, op, phase, progress)

@@ -1,0 +1,115 @@
+"""Rollout: replace replicas made from an older pod template, a verified surge replica first, then
+an outdated one retired like a scale-in victim (CloudNativePG's ``cluster_upgrade.go`` in small)."""
+
+from __future__ import annotations
+
+from ..api.status import ConditionType, Operation, Phase, Reason, Victim
+from .classify import Replica, Role
+from .scale_in import advance_victims
+from .scale_out import create, may_create, noted_failures, publish_or_verify, retry_creates
+from .step import (
+    VICTIM_PHASES,
+    Step,
+    counts,
+    emit,
+    finish,
+    gpu_holders,
+    pending_creates,
+    role,
+    set_phase,
+    victim_names,
+)
+from .victims import choose_victims
+
+
+def outdated(s: Step, op: Operation | None) -> list[Replica]:
+    """Serving or starting replicas, outside ``op``'s victims, made from another pod template."""
+    victims = victim_names(op)
+    return [r for r in s.replicas if r.role in (Role.SERVING, Role.STARTING)
+            and r.pod.name not in victims and r.pod.revision != s.revision]
+
+
+def advance_rollout(s: Step, op: Operation) -> Operation | None:
+    """Replace outdated replicas: surge a verified replacement first, then retire an outdated one.
+
+    Level-based like a scale: every step recounts. New-template replicas are created while
+    fewer than ``spec.replicas`` exist, within ``replicas + maxSurge`` pods; outdated serving
+    replicas are retired (drained exactly like scale-in victims) only while the serving count
+    stays at ``spec.replicas``, or at ``replicas - maxUnavailable`` when no surge replica can
+    be added (no room, or every one waiting is unschedulable). Outdated replicas that do not
+    serve (and draining leftovers of a superseded scale-in) are retired at once. ``spec.paused``
+    stops new replacements; the ones under way finish.
+    """
+    strategy, paused = s.obs.spec.update_strategy.rolling_update, s.obs.spec.paused
+    if op.revision != s.revision:
+        emit(s, "RolloutRetargeted", f"{op.id} continues to revision {s.revision}")
+        op = op.evolve(revision=s.revision)
+    moved, phases, failure = advance_victims(s, op.victims)
+    kept = [v for v, p in zip(moved, phases, strict=True) if p is not None]
+    victim_phases = [p for p in phases if p is not None]
+    op = op.evolve(victims=kept, replaced=op.replaced + len(moved) - len(kept))
+    if failure:
+        finish(s, op, Phase.FAILED, Reason.DRAIN_TIMEOUT, failure)
+        return None
+    op = retry_creates(s, op, s.desired + strategy.max_surge)
+    serving, starting, _ = counts(s, op)
+    current = [r for r in s.replicas if r.role in (Role.SERVING, Role.STARTING) and r.pod.revision == s.revision]
+    waiting = [r for r in current if r.role is Role.STARTING]
+    missing = s.desired - len(current) - len(pending_creates(s, op))
+    if paused:
+        missing = min(missing, s.desired - serving - starting)  # only lost capacity is restored
+    room = max(0, s.desired + strategy.max_surge - gpu_holders(s, op))
+    if min(missing, room) > 0 and may_create(s, op):
+        op = create(s, op, min(missing, room))
+    verifying = publish_or_verify(s, op, s.revision)
+    # A surge replica on its way (scheduled, or its create not yet observed) fills the room: not blocked.
+    on_its_way = any(not r.pod.unschedulable for r in waiting) or bool(pending_creates(s, op))
+    surge_blocked = (missing > 0 and room == 0 and not on_its_way) or \
+        (bool(waiting) and all(r.pod.unschedulable for r in waiting))
+    old = outdated(s, op)
+    if not paused:
+        floor = s.desired - (strategy.max_unavailable if surge_blocked else 0)
+        victims = victim_names(op)
+        # Unpublished leftovers (an outdated starting replica, a draining one from a superseded
+        # scale-in) serve no one and hold the GPUs a surge replica needs.
+        retire = [r for r in old if r.role is Role.STARTING]
+        retire += [r for r in role(s, Role.DRAINING) if r.pod.name not in victims]
+        retire += choose_victims([r for r in old if r.role is Role.SERVING], serving - floor, s.revision)
+        if retire:
+            emit(s, "ReplicasRetiring", ", ".join(r.pod.name for r in retire))
+            op = op.evolve(victims=[*op.victims, *(Victim(name=r.pod.name, uid=r.pod.uid,
+                                                           needs_drain=r.pod.ever_published) for r in retire)])
+            old = [r for r in old if r not in retire]
+            victim_phases += [Phase.UNPUBLISHING] * len(retire)
+    return finish_or_phase_rollout(s, op, old, waiting, verifying, surge_blocked, victim_phases)
+
+
+def finish_or_phase_rollout(s: Step, op: Operation, old: list[Replica], waiting: list[Replica], verifying: bool,
+                            surge_blocked: bool, victim_phases: list[Phase]) -> Operation | None:
+    """Succeeded once no outdated replica is left; Partial on a failed replacement; else the phase."""
+    serving, _, _ = counts(s, op)
+    failure, failed = noted_failures(op)
+    pending = pending_creates(s, op)
+    progress = f"{op.replaced} replaced, {len(old) + len(op.victims)} outdated left, {serving}/{op.to} serving"
+    if not old and not op.victims and serving >= op.to and not pending:
+        finish(s, op, Phase.SUCCEEDED, Reason.TARGET_REACHED,
+               f"{op.replaced} replica(s) replaced; every replica is on revision {s.revision}")
+        return None
+    if failure and not pending:
+        finish(s, op, Phase.PARTIAL, failure, failed)
+        return None
+    if victim_phases:
+        phase = min(victim_phases, key=VICTIM_PHASES.index)
+    elif verifying:
+        phase = Phase.VERIFYING
+    elif s.obs.spec.paused and not waiting and not pending:
+        phase = Phase.PAUSED
+    else:
+        phase = Phase.PROVISIONING
+    if surge_blocked and not op.victims and old and not s.obs.spec.paused:
+        unschedulable = next((r.pod.unschedulable for r in waiting if r.pod.unschedulable), "")
+        s.blocked = (f"no surge replica can start ({unschedulable or 'no room within maxSurge'}) and "
+                     f"maxUnavailable={s.obs.spec.update_strategy.rolling_update.max_unavailable} "
+                     "allows no outdated replica to drain first")
+        emit(s, ConditionType.ROLLOUT_BLOCKED, s.blocked, warning=True)
+    return set_phase(s, op, phase, progress)
