@@ -164,7 +164,7 @@ async def test_refused_children_make_the_pool_degraded_with_the_api_servers_mess
     h.kube.refuse["Pod"] = refusal('Pod "judge-0" is invalid: spec.tolerations[0].operator: Unsupported value')
     # The first step's create went through, and no pod ever shows up here: without this, the create
     # would not be tried again until the expectation of it runs out.
-    h.reconciler.expected = Expectations(seconds=0.0)
+    h.reconciler.executor.expected = Expectations(seconds=0.0)
     await h.step()  # the Service is created; the pod create is refused after the status write
     await h.step()  # ... and reported by the next step
     assert h.degraded()["message"] == (

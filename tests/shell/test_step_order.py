@@ -154,7 +154,7 @@ async def test_publishes_and_probes_run_beside_the_status_write_and_other_action
     plan_with(monkeypatch, new_ordinal, (Verify(f"{POOL}-0", "uid-0", None), CreatePod(f"{POOL}-1", 1),
                                          SetPublished(f"{POOL}-2", "uid-2", True),
                                          SetPublished(f"{POOL}-0", "uid-0", False), CreatePod(f"{POOL}-3", 3)))
-    monkeypatch.setattr(reconciler, "verify", verify)
+    monkeypatch.setattr(reconciler.executor, "verify", verify)
     monkeypatch.setattr(kube, "patch_pod_meta", patch_then_release)
     write_after(monkeypatch, kube, beside)
     await reconciler.step()
@@ -190,7 +190,7 @@ async def test_a_retried_create_writes_even_an_unchanged_status_first_and_its_co
     await reconciler.step()  # brings counts and conditions up to date; the fake's pods never appear
     settled = copy.deepcopy(kube.pool)
     reconciler.watched = lambda: copy.deepcopy(settled)  # type: ignore[method-assign]
-    reconciler.expected = Expectations()  # the retry window passed, or the operator restarted
+    reconciler.executor.expected = Expectations()  # the retry window passed, or the operator restarted
     kube.calls.clear()
     await reconciler.step()
     creates = [f"create {POOL}-{i}" for i in range(2, 6)]
@@ -200,7 +200,7 @@ async def test_a_retried_create_writes_even_an_unchanged_status_first_and_its_co
     kube.pool["spec"]["replicas"] = 2  # the user goes back to 2; the watch has not shown it yet
     kube.pool["metadata"]["generation"] = 2
     kube.bump()
-    reconciler.expected = Expectations()
+    reconciler.executor.expected = Expectations()
     kube.calls.clear()
     with pytest.raises(Conflict):
         await reconciler.step()
@@ -236,7 +236,7 @@ async def test_an_unpublish_the_watch_has_not_shown_yet_is_not_sent_again() -> N
         await reconciler.step()
     unpublishes = [call for call, _ in kube.calls if call.startswith("patch") and "'false'" in call]
     assert len(unpublishes) == 1, kube.calls
-    reconciler.expected = Expectations(seconds=0.0)  # past the window: done again
+    reconciler.executor.expected = Expectations(seconds=0.0)  # past the window: done again
     await reconciler.step()
     assert len([call for call, _ in kube.calls if call.startswith("patch") and "'false'" in call]) == 2
 

@@ -19,13 +19,11 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
-from genrm_contract.sidecar import DrainRequest, Phase, StateDocument, UndrainRequest
 from kubernetes.client.exceptions import ApiException
 
 from ..api.pool import GenRMPoolSpec, GenRMPoolStatus
-from ..core import children
 from ..core.childrenplan import (
     CHILD_FAILED,
     ChildAction,
@@ -40,43 +38,28 @@ from ..core.childrenplan import (
 )
 from ..core.model import (
     REPORT_DELAY_SECONDS,
-    Action,
-    CreatePod,
-    DeletePod,
-    Drain,
     Event,
     Observed,
     PodView,
-    SetPublished,
-    Undrain,
-    Verify,
     deliver,
-)
-from ..core.names import (
-    EVER_PUBLISHED_ANNOTATION,
-    PUBLISHED_LABEL,
-    VERIFICATION_ANNOTATION,
-    VERIFICATION_MESSAGE_ANNOTATION,
 )
 from ..core.reconcile import reconcile
 from ..core.retry import Failure, Failures, failed_status
 from . import metrics
 from .autoscaler import PoolAutoscaler
 from .balancer import PoolBalancer
-from .expectations import Expectations
+from .executor import EventPoster, Executor, target
 from .kube import Conflict, Kube, Manifest, api_message
 from .observe import pod_ip, pod_view
-from .sidecar import Endpoint, SidecarClient, compare
+from .sidecar import Endpoint, SidecarClient
 from .sidecarwatch import SidecarWatch
 
 log = logging.getLogger(__name__)
 ACTIVE_RESYNC_SECONDS = 1.0
 IDLE_RESYNC_SECONDS = 10.0
-EVENT_DEDUP_SECONDS = 60.0
 REPORTED_CHILD_ERRORS = 10
 """At most this many refusals go into the Degraded message and events: many pods refused for one
 reason would otherwise repeat it past the condition's message limit."""
-EventPoster = Callable[[Manifest, Event], Awaitable[None]]
 PodSource = Callable[[], list[Manifest]]
 """The pool's pods as the watch last showed them (kopf's pod index): no LIST per step.
 
@@ -112,16 +95,14 @@ class PoolReconciler:
         """The last step wrote the status and had nothing else to do."""
         self._wake_on_echo = False
         """The watch showing the last status write wakes the next step (see `run`)."""
-        self._action_errors: dict[Action, str] = {}
-        """The API server's refusals of the last step's actions, reported by the next step."""
         self.namespace, self.name = namespace, name
         self.wake = asyncio.Event()
-        self._recent_events: dict[tuple[str, str], float] = {}
         self._token: str | None = None
         self.autoscaler = PoolAutoscaler(kube, namespace, name)
         self.balancer = PoolBalancer(sidecars, namespace, name)
         self.watch = SidecarWatch(sidecars, self.wake.set)
-        self.expected = Expectations()
+        self.executor = Executor(kube, sidecars, post_event, namespace, name,
+                                 lambda pod, document: self.watch.offer(pod, document))
         self._parsed: tuple[str, GenRMPoolSpec, GenRMPoolStatus] | None = None
         """The pool's spec and status as last parsed, with the resourceVersion they were parsed from."""
         self._views: dict[tuple[str, str], PodView] = {}
@@ -267,7 +248,7 @@ class PoolReconciler:
         spec, status = self.parse(pool)
         self._stage = "children"
         child_errors = (*await self.reconcile_children(meta["uid"], spec),
-                        *self._action_errors.values())[:REPORTED_CHILD_ERRORS]
+                        *self.executor.errors.values())[:REPORTED_CHILD_ERRORS]
         self._stage = "observe"
         pods = self.pods()
         endpoints = {
@@ -289,11 +270,11 @@ class PoolReconciler:
         # The write-then-act rule is the core's (`deliver`), the one the core tests' world follows.
         now = time.monotonic()
         delivery = deliver(status, plan, self._unwritten_since, now,
-                           due=[a for a in plan.actions if self.expected.due(a, now)])
+                           due=[a for a in plan.actions if self.executor.expected.due(a, now)])
         self._stage = "write"
         self._unwritten_since = delivery.unwritten_since
-        self._action_errors = {}  # the last step's refusals are in this status; this step's are collected anew
-        acting = asyncio.gather(*(self.carry_out(a, meta["uid"], spec, endpoints) for a in delivery.beside))
+        self.executor.errors = {}  # the last step's refusals are in this status; this step's are collected anew
+        acting = asyncio.gather(*(self.executor.carry_out(a, meta["uid"], spec, endpoints) for a in delivery.beside))
         try:
             if delivery.write:
                 self._written = await self.kube.write_status(pool, plan.status.to_wire())
@@ -308,9 +289,9 @@ class PoolReconciler:
         metrics.observe_status(self.namespace, self.name, spec, plan.status)
         failures = tuple(Event("Warning", CHILD_FAILED, message) for message in child_errors)
         for event in (*plan.events, *failures, *await self.autoscaler.actuate(plan.decision, version)):
-            await self.emit(pool, event)
+            await self.executor.emit(pool, event)
         self._stage = "act"
-        await asyncio.gather(*(self.carry_out(a, meta["uid"], spec, endpoints) for a in delivery.after))
+        await asyncio.gather(*(self.executor.carry_out(a, meta["uid"], spec, endpoints) for a in delivery.after))
         return plan.status.operation is not None or bool(plan.actions)
 
     def parse(self, pool: Manifest) -> tuple[GenRMPoolSpec, GenRMPoolStatus]:
@@ -396,75 +377,9 @@ class PoolReconciler:
                 case ForeignChild():
                     return action.message
         except ApiException as exc:
-            return f"{_target(action)}: {api_message(exc)}"
+            return f"{target(action)}: {api_message(exc)}"
         return None
 
-    async def emit(self, pool: Manifest, event: Event) -> None:
-        """Post an event unless the same one was posted within the dedup window."""
-        key, now = (event.reason, event.message), time.monotonic()
-        if now - self._recent_events.get(key, -EVENT_DEDUP_SECONDS) < EVENT_DEDUP_SECONDS:
-            return
-        self._recent_events = {k: t for k, t in self._recent_events.items() if now - t < EVENT_DEDUP_SECONDS}
-        self._recent_events[key] = now
-        await self.post_event(pool, event)
-
-    async def carry_out(self, action: Action, pool_uid: str, spec: GenRMPoolSpec,
-                        endpoints: dict[str, Endpoint]) -> None:
-        """Run one idempotent action unless it was just done (`expectations`); failures are logged
-        and the next step retries."""
-        ns = self.namespace
-        if not self.expected.due(action, time.monotonic()):
-            return
-        try:
-            match action:
-                case CreatePod(name=name, ordinal=ordinal, gpu_product=product):
-                    await self.kube.create(children.pod_manifest(self.name, pool_uid, ns, spec, name, ordinal, product))
-                case DeletePod(name=name, uid=uid, grace_seconds=grace, resource_version=rv):
-                    await self.kube.delete_pod(ns, name, uid, grace, rv)
-                case SetPublished(name=name, uid=uid, published=published):
-                    annotations = {EVER_PUBLISHED_ANNOTATION: "true"} if published else {}
-                    await self.kube.patch_pod_meta(ns, name, uid, {PUBLISHED_LABEL: str(published).lower()},
-                                                   annotations)
-                case Drain(name=name, drain_id=drain_id, phase=phase) if name in endpoints:
-                    self.reported(name, await self.sidecars.drain(endpoints[name], DrainRequest(
-                        drain_id=drain_id, phase=Phase(phase), quiet_seconds=spec.drain.quiet_seconds)))
-                case Undrain(name=name, drain_id=drain_id) if name in endpoints:
-                    self.reported(name, await self.sidecars.undrain(endpoints[name], UndrainRequest(drain_id=drain_id)))
-                case Verify(name=name, uid=uid, reference=reference, context=context) if name in endpoints and (
-                        reference is None or reference in endpoints):
-                    await self.verify(spec, name, uid, endpoints[name],
-                                      endpoints.get(reference) if reference else None, context)
-                case _:
-                    log.debug("skipped %s: no endpoint yet (retried next step)", action)
-                    return
-            self.expected.done(action, time.monotonic())
-        except ApiException as exc:
-            self._action_errors[action] = f"{_target(action)}: {api_message(exc)}"
-            log.warning("action %s on %s/%s refused: %s", action, ns, self.name, api_message(exc))
-        except Exception:
-            log.exception("action %s on %s/%s failed", action, ns, self.name)
-
-    def reported(self, name: str, document: StateDocument | None) -> None:
-        """A drain call's answer is the sidecar's newest state: the next step must not act on an older one."""
-        if document is not None:
-            self.watch.offer(name, document)
-
-    async def verify(self, spec: GenRMPoolSpec, name: str, uid: str, candidate: Endpoint,
-                     reference: Endpoint | None, context: str) -> None:
-        """Probe the new replica (and the reference) and record the verdict on the pod, after
-        ``context`` (both replicas' nodes and GPU products)."""
-        if reference is None:
-            mine, theirs = await self.sidecars.answers(candidate, spec.verification), None
-        else:
-            mine, theirs = await asyncio.gather(self.sidecars.answers(candidate, spec.verification),
-                                                self.sidecars.answers(reference, spec.verification))
-        passed, message = compare(mine, theirs)
-        if not passed:
-            metrics.VERIFICATION_FAILURES.labels(self.namespace, self.name).inc()
-        await self.kube.patch_pod_meta(self.namespace, name, uid, {}, {
-            VERIFICATION_ANNOTATION: "passed" if passed else "failed",
-            VERIFICATION_MESSAGE_ANNOTATION: f"{context}: {message}" if context else message,
-        })
 
 
 def _newest(seen: Manifest, written: Manifest | None) -> Manifest | None:
@@ -476,14 +391,3 @@ def _newest(seen: Manifest, written: Manifest | None) -> Manifest | None:
         newer = int(written["metadata"]["resourceVersion"]) > int(seen["metadata"]["resourceVersion"])
         return written if newer else seen
     return None
-
-
-def _target(action: Action | ChildAction) -> str:
-    """``Pod judge-3`` or ``Service judge``: which child an error message is about."""
-    match action:
-        case CreateChild(manifest=manifest):
-            return f"{manifest['kind']} {manifest['metadata']['name']}"
-        case PatchChild(kind=kind, name=name) | DeleteChild(kind=kind, name=name) | ForeignChild(kind=kind, name=name):
-            return f"{kind} {name}"
-        case _:
-            return f"Pod {action.name}"
