@@ -146,7 +146,7 @@ async def test_a_secret_the_watch_does_not_show_is_read_its_token_kept_and_its_l
         "name": f"{POOL}-control", "uid": "secret-uid", "labels": {},
         "ownerReferences": [{"controller": True, "uid": "pool-uid"}]}, "data": {TOKEN_KEY: token}}
     await h.step()
-    assert h.reconciler._token == "old-token"
+    assert h.reconciler.applier.token == "old-token"
     [patch] = [w for w in h.kube.writes if w[0] == "patch"]
     assert patch[1] == "Secret" and patch[2]["metadata"]["labels"][POOL_LABEL] == POOL
 

@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping
 
@@ -26,15 +25,6 @@ from kubernetes.client.exceptions import ApiException
 from ..api.pool import GenRMPoolSpec, GenRMPoolStatus
 from ..core.childrenplan import (
     CHILD_FAILED,
-    ChildAction,
-    CreateChild,
-    DeleteChild,
-    ForeignChild,
-    PatchChild,
-    desired_children,
-    observed_token,
-    plan_children,
-    select_observed,
 )
 from ..core.model import (
     REPORT_DELAY_SECONDS,
@@ -48,7 +38,8 @@ from ..core.retry import Failure, Failures, failed_status
 from . import metrics
 from .autoscaler import PoolAutoscaler
 from .balancer import PoolBalancer
-from .executor import EventPoster, Executor, target
+from .children_apply import ChildrenApplier, ChildSource
+from .executor import EventPoster, Executor
 from .kube import Conflict, Kube, Manifest, api_message
 from .observe import pod_ip, pod_view
 from .sidecar import Endpoint, SidecarClient
@@ -68,8 +59,6 @@ names are deterministic (a repeated create is AlreadyExists) and every action is
 idempotent and bound to a pod UID."""
 PoolSource = Callable[[], Manifest | None]
 """The pool as the watch last showed it (the kopf daemon's live body): no GET per step."""
-ChildSource = Callable[[], list[Manifest]]
-"""The pool's Secret, Service and PodDisruptionBudget as the watches last showed them (kopf indexes)."""
 ProductSource = Callable[[Iterable[str]], Mapping[str, str]]
 """The GPU products of these nodes, for those the node watch shows labelled (kopf index): placement."""
 
@@ -86,7 +75,8 @@ class PoolReconciler:
                  namespace: str, name: str, pods: PodSource, children: ChildSource, watched: PoolSource,
                  products: ProductSource = no_products) -> None:
         self.kube, self.sidecars, self.post_event, self.pods = kube, sidecars, post_event, pods
-        self.children, self.watched, self.products = children, watched, products
+        self.watched, self.products = watched, products
+        self.applier = ChildrenApplier(kube, namespace, name, children)
         self._written: Manifest | None = None
         """The pool as this process's last status write left it (the API server's answer)."""
         self._refresh = True
@@ -97,7 +87,6 @@ class PoolReconciler:
         """The watch showing the last status write wakes the next step (see `run`)."""
         self.namespace, self.name = namespace, name
         self.wake = asyncio.Event()
-        self._token: str | None = None
         self.autoscaler = PoolAutoscaler(kube, namespace, name)
         self.balancer = PoolBalancer(sidecars, namespace, name)
         self.watch = SidecarWatch(sidecars, self.wake.set)
@@ -247,12 +236,12 @@ class PoolReconciler:
         meta = pool["metadata"]
         spec, status = self.parse(pool)
         self._stage = "children"
-        child_errors = (*await self.reconcile_children(meta["uid"], spec),
+        child_errors = (*await self.applier.apply(meta["uid"], spec),
                         *self.executor.errors.values())[:REPORTED_CHILD_ERRORS]
         self._stage = "observe"
         pods = self.pods()
         endpoints = {
-            p["metadata"]["name"]: Endpoint(ip, spec.gateway.control_port, self._token or "")
+            p["metadata"]["name"]: Endpoint(ip, spec.gateway.control_port, self.applier.token or "")
             for p in pods if (ip := pod_ip(p)) and not p["metadata"].get("deletionTimestamp")
         }
         views = self.pod_views(pods)
@@ -337,48 +326,6 @@ class PoolReconciler:
             return newest
         self._refresh = False
         return await self.kube.get_pool(self.namespace, self.name)
-
-    async def reconcile_children(self, pool_uid: str, spec: GenRMPoolSpec) -> list[str]:
-        """Bring the Secret, Service and PDB to the spec, in order; returns the API server's refusals.
-
-        The token is the one the Secret holds; one this process made before stands in while the
-        watch has not shown the Secret yet, so a deleted Secret comes back with the token the
-        running replicas were started with.
-        """
-        observed = select_observed(self.name, self.children())
-        self._token = observed_token(observed.get("Secret")) or self._token or secrets.token_urlsafe(32)
-        desired = desired_children(self.name, pool_uid, self.namespace, spec, self._token)
-        refused = [await self.child_action(action, desired, pool_uid)
-                   for action in plan_children(desired, observed, pool_uid)]
-        return [message for message in refused if message]
-
-    async def child_action(self, action: ChildAction, desired: dict[str, Manifest], pool_uid: str) -> str | None:
-        """Carry out one child decision; returns why it could not be done (the API server's message).
-
-        A create that meets an object the watch did not show (its labels removed by hand) compares
-        against a fresh read instead."""
-        ns = self.namespace
-        try:
-            match action:
-                case CreateChild(manifest=manifest):
-                    kind, name = manifest["kind"], manifest["metadata"]["name"]
-                    created = await self.kube.create(manifest)
-                    if created or (found := await self.kube.read_child(kind, ns, name)) is None:
-                        return None
-                    if kind == "Secret":
-                        self._token = observed_token(found) or self._token
-                    for retry in plan_children({kind: desired[kind]}, {kind: found}, pool_uid):
-                        if message := await self.child_action(retry, desired, pool_uid):
-                            return message
-                case PatchChild(kind=kind, name=name, patch=patch):
-                    await self.kube.patch_child(kind, ns, name, patch)
-                case DeleteChild(kind=kind, name=name, uid=uid):
-                    await self.kube.delete_child(kind, ns, name, uid)
-                case ForeignChild():
-                    return action.message
-        except ApiException as exc:
-            return f"{target(action)}: {api_message(exc)}"
-        return None
 
 
 
