@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from genrm_operator.shell import reconciler as shell
+from genrm_operator.shell import observer as shell
 
 from .test_autoscaler_shell import pool, serving_pod
 from .test_step_order import RecordingKube, frozen_reconciler
@@ -33,13 +33,13 @@ async def test_pod_views_are_made_again_only_for_pods_that_changed(monkeypatch: 
         return pod_view(pod)
 
     monkeypatch.setattr(shell, "pod_view", counting)
-    first = reconciler.pod_views(copy.deepcopy(kube.pods))
-    again = reconciler.pod_views(copy.deepcopy(kube.pods))
+    first = reconciler.observer.pod_views(copy.deepcopy(kube.pods))
+    again = reconciler.observer.pod_views(copy.deepcopy(kube.pods))
     assert made == ["judge-0", "judge-1"] and again == first
 
     kube.pods[1]["metadata"]["labels"]["genrm.io/published"] = "false"
     kube.pods[1]["metadata"]["resourceVersion"] = "12"
-    changed = reconciler.pod_views(copy.deepcopy(kube.pods))
+    changed = reconciler.observer.pod_views(copy.deepcopy(kube.pods))
     assert made == ["judge-0", "judge-1", "judge-1"]
     assert [v.published for v in changed] == [True, False]
 
@@ -47,11 +47,11 @@ async def test_pod_views_are_made_again_only_for_pods_that_changed(monkeypatch: 
 async def test_the_pool_is_parsed_again_only_under_a_new_resource_version() -> None:
     kube = RecordingKube(pool(2, mode="Off"), [])
     reconciler = frozen_reconciler(kube)
-    spec, status = reconciler.parse(copy.deepcopy(kube.pool))
-    same = reconciler.parse(copy.deepcopy(kube.pool))
+    spec, status = reconciler.observer.parse(copy.deepcopy(kube.pool))
+    same = reconciler.observer.parse(copy.deepcopy(kube.pool))
     assert same[0] is spec and same[1] is status
 
     kube.pool["spec"]["replicas"] = 3
     kube.bump()
-    edited, _ = reconciler.parse(copy.deepcopy(kube.pool))
+    edited, _ = reconciler.observer.parse(copy.deepcopy(kube.pool))
     assert edited.replicas == 3

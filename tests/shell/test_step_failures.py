@@ -35,7 +35,7 @@ class Flaky:
 def harness() -> tuple[Harness, Flaky]:
     h = Harness(pool(1, mode="Off"), replicas=1, inflight=0)
     flaky = Flaky(h)
-    h.reconciler.pods = flaky
+    h.reconciler.observer.pods = flaky
     return h, flaky
 
 

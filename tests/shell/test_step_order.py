@@ -189,7 +189,7 @@ async def test_a_retried_create_writes_even_an_unchanged_status_first_and_its_co
     reconciler = frozen_reconciler(kube)
     await reconciler.step()  # brings counts and conditions up to date; the fake's pods never appear
     settled = copy.deepcopy(kube.pool)
-    reconciler.watched = lambda: copy.deepcopy(settled)  # type: ignore[method-assign]
+    reconciler.observer.watched = lambda: copy.deepcopy(settled)
     reconciler.executor.expected = Expectations()  # the retry window passed, or the operator restarted
     kube.calls.clear()
     await reconciler.step()
@@ -339,8 +339,8 @@ async def test_a_failing_step_with_overdue_counts_waits_for_the_resync(monkeypat
             raise RuntimeError("Cannot connect to host")
         deleted = copy.deepcopy(kube.pool)
         deleted["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
-        reconciler.watched = lambda: copy.deepcopy(deleted)  # type: ignore[method-assign]
-        reconciler._written = None
+        reconciler.observer.watched = lambda: copy.deepcopy(deleted)
+        reconciler.observer.written = None
         return await step()
 
     monkeypatch.setattr(reconciler, "step", failing)

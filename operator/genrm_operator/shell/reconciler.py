@@ -1,7 +1,11 @@
 """The per-pool single writer: observe, decide (pure core), write status, act.
 
-One :class:`PoolReconciler` runs inside one kopf daemon per pool. Each step
-reads the pool and its pods as the watch shows them (`read_pool`) and the
+One :class:`PoolReconciler` runs inside one kopf daemon per pool: the loop
+(scheduling, echo suppression, back-off of failed steps) around four parts, the
+observer (`observer.PoolObserver`), the children applier
+(`children_apply.ChildrenApplier`), the pure core and the executor
+(`executor.Executor`). Each step
+reads the pool and its pods as the watch shows them (`PoolObserver.read_pool`) and the
 sidecars' latest drain states from their long polls (`sidecarwatch`), calls
 :func:`reconcile`, writes the status with optimistic concurrency and, when that
 write records decisions or a create is due, only then carries out the actions that
@@ -14,25 +18,16 @@ from observations and repeats idempotent actions.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 
 from kubernetes.client.exceptions import ApiException
 
-from ..api.pool import GenRMPoolSpec, GenRMPoolStatus
-from ..core.childrenplan import (
-    CHILD_FAILED,
-)
-from ..core.model import (
-    REPORT_DELAY_SECONDS,
-    Event,
-    Observed,
-    PodView,
-    deliver,
-)
+from ..api.pool import GenRMPoolStatus
+from ..core.childrenplan import CHILD_FAILED
+from ..core.model import REPORT_DELAY_SECONDS, Event, Observed, deliver
 from ..core.reconcile import reconcile
 from ..core.retry import Failure, Failures, failed_status
 from . import metrics
@@ -40,8 +35,9 @@ from .autoscaler import PoolAutoscaler
 from .balancer import PoolBalancer
 from .children_apply import ChildrenApplier, ChildSource
 from .executor import EventPoster, Executor
-from .kube import Conflict, Kube, Manifest, api_message
-from .observe import pod_ip, pod_view
+from .kube import Conflict, Kube, api_message
+from .observe import pod_ip
+from .observer import PodSource, PoolObserver, PoolSource, ProductSource, no_products
 from .sidecar import Endpoint, SidecarClient
 from .sidecarwatch import SidecarWatch
 
@@ -51,21 +47,6 @@ IDLE_RESYNC_SECONDS = 10.0
 REPORTED_CHILD_ERRORS = 10
 """At most this many refusals go into the Degraded message and events: many pods refused for one
 reason would otherwise repeat it past the condition's message limit."""
-PodSource = Callable[[], list[Manifest]]
-"""The pool's pods as the watch last showed them (kopf's pod index): no LIST per step.
-
-The index may lag the operator's own writes by an event; that is safe because pod
-names are deterministic (a repeated create is AlreadyExists) and every action is
-idempotent and bound to a pod UID."""
-PoolSource = Callable[[], Manifest | None]
-"""The pool as the watch last showed it (the kopf daemon's live body): no GET per step."""
-ProductSource = Callable[[Iterable[str]], Mapping[str, str]]
-"""The GPU products of these nodes, for those the node watch shows labelled (kopf index): placement."""
-
-
-def no_products(nodes: Iterable[str]) -> Mapping[str, str]:
-    """No node is labelled: placement pins nothing (a reconciler without a node watch)."""
-    return {}
 
 
 class PoolReconciler:
@@ -74,13 +55,9 @@ class PoolReconciler:
     def __init__(self, kube: Kube, sidecars: SidecarClient, post_event: EventPoster,
                  namespace: str, name: str, pods: PodSource, children: ChildSource, watched: PoolSource,
                  products: ProductSource = no_products) -> None:
-        self.kube, self.sidecars, self.post_event, self.pods = kube, sidecars, post_event, pods
-        self.watched, self.products = watched, products
+        self.kube, self.sidecars, self.post_event = kube, sidecars, post_event
+        self.observer = PoolObserver(kube, namespace, name, pods, watched, products)
         self.applier = ChildrenApplier(kube, namespace, name, children)
-        self._written: Manifest | None = None
-        """The pool as this process's last status write left it (the API server's answer)."""
-        self._refresh = True
-        """Read the pool from the API server at the next step (at start, and after a Conflict)."""
         self._rewritten = False
         """The last step wrote the status and had nothing else to do."""
         self._wake_on_echo = False
@@ -92,10 +69,6 @@ class PoolReconciler:
         self.watch = SidecarWatch(sidecars, self.wake.set)
         self.executor = Executor(kube, sidecars, post_event, namespace, name,
                                  lambda pod, document: self.watch.offer(pod, document))
-        self._parsed: tuple[str, GenRMPoolSpec, GenRMPoolStatus] | None = None
-        """The pool's spec and status as last parsed, with the resourceVersion they were parsed from."""
-        self._views: dict[tuple[str, str], PodView] = {}
-        """Each pod's view by (UID, resourceVersion), as the last step made it."""
         self._unwritten_since: float | None = None
         """Since when (monotonic) the status has had counts no write carried (`report_waits`)."""
         self.failures = Failures()
@@ -152,7 +125,7 @@ class PoolReconciler:
         sidecars' long polls for drains, the resync for time passing. In a scale storm these
         echoes were a large share of all steps (figures: docs/performance.md#measurements-behind-the-code).
         The exception is a write no step followed (`_await_echo`)."""
-        written = self._written
+        written = self.observer.written
         if (written is None or not version or self._wake_on_echo
                 or written["metadata"].get("resourceVersion") != version):
             self.wake.set()
@@ -164,7 +137,7 @@ class PoolReconciler:
         real second decision waits for the echo, not for the resync. The echo may have come in
         while the step ran; then the next step runs at once."""
         self._wake_on_echo = True
-        seen, written = self.watched(), self._written
+        seen, written = self.observer.watched(), self.observer.written
         if seen is not None and written is not None and \
                 seen["metadata"].get("resourceVersion") == written["metadata"].get("resourceVersion"):
             self.wake.set()
@@ -182,7 +155,7 @@ class PoolReconciler:
             return busy
         except Conflict:
             result = "conflict"
-            self._refresh = True
+            self.observer.refresh = True
             self.wake.set()
             return True
         except Exception as exc:
@@ -210,47 +183,42 @@ class PoolReconciler:
                     failure.message, exc_info=exc if new else None)
         if not new:
             log.debug("reconcile of %s/%s: traceback", self.namespace, self.name, exc_info=exc)
-        pool = self.latest()
+        pool = self.observer.latest()
         if pool is None or not self.failures.repeated:
             return
         try:
             status = GenRMPoolStatus.model_validate(pool.get("status") or {})
             shown = failed_status(status, self.failures, int(pool["metadata"].get("generation", 0)), time.time())
             if shown is not status:
-                self._written = await self.kube.write_status(pool, shown.to_wire())
+                self.observer.written = await self.kube.write_status(pool, shown.to_wire())
         except Exception as write_exc:  # the step's own failure is what was reported
             log.debug("condition ReconcileFailed of %s/%s not written: %s", self.namespace, self.name, write_exc)
 
-    def latest(self) -> Manifest | None:
-        """The newest copy of the pool this process has without a request (`read_pool`, no GET)."""
-        seen, written = self.watched(), self._written
-        return written if seen is None else (_newest(seen, written) or seen)
-
     async def step(self) -> bool:
         """Observe, decide, write status, act. Returns True while work is in progress."""
-        pool = await self.read_pool()
+        pool = await self.observer.read_pool()
         if pool is None or pool["metadata"].get("deletionTimestamp"):
             self._unwritten_since = None
             self.balancer.follow({}, {})  # nothing published any more: the balancer goes idle
             return False
         meta = pool["metadata"]
-        spec, status = self.parse(pool)
+        spec, status = self.observer.parse(pool)
         self._stage = "children"
         child_errors = (*await self.applier.apply(meta["uid"], spec),
                         *self.executor.errors.values())[:REPORTED_CHILD_ERRORS]
         self._stage = "observe"
-        pods = self.pods()
+        pods = self.observer.pods()
         endpoints = {
             p["metadata"]["name"]: Endpoint(ip, spec.gateway.control_port, self.applier.token or "")
             for p in pods if (ip := pod_ip(p)) and not p["metadata"].get("deletionTimestamp")
         }
-        views = self.pod_views(pods)
+        views = self.observer.pod_views(pods)
         published = [v.name for v in views if v.published and not v.deleting]
         observed = Observed(
             name=self.name, generation=int(meta.get("generation", 0)), spec=spec, status=status,
             pods=views, sidecars=await self.watch.views(endpoints), now=time.time(),
             child_errors=child_errors, metrics=await self.autoscaler.sample(spec.autoscaling, published, endpoints),
-            gpu_products=self.products({v.node for v in views if v.node}),
+            gpu_products=self.observer.products({v.node for v in views if v.node}),
         )
         self._stage = "decide"
         plan = reconcile(observed)
@@ -266,8 +234,8 @@ class PoolReconciler:
         acting = asyncio.gather(*(self.executor.carry_out(a, meta["uid"], spec, endpoints) for a in delivery.beside))
         try:
             if delivery.write:
-                self._written = await self.kube.write_status(pool, plan.status.to_wire())
-                version = str(self._written["metadata"]["resourceVersion"])
+                self.observer.written = await self.kube.write_status(pool, plan.status.to_wire())
+                version = str(self.observer.written["metadata"]["resourceVersion"])
                 self._rewritten = not plan.actions
         finally:
             await acting  # never raises: carry_out logs failures
@@ -282,59 +250,3 @@ class PoolReconciler:
         self._stage = "act"
         await asyncio.gather(*(self.executor.carry_out(a, meta["uid"], spec, endpoints) for a in delivery.after))
         return plan.status.operation is not None or bool(plan.actions)
-
-    def parse(self, pool: Manifest) -> tuple[GenRMPoolSpec, GenRMPoolStatus]:
-        """The pool's spec and status, parsed again only when the pool changed.
-
-        An object's content is fixed by its resourceVersion, and most steps (woken by a pod or a
-        sidecar) see the pool unchanged: parsing both at every step was most of a step's own
-        validation cost in a scale storm."""
-        version = str(pool["metadata"].get("resourceVersion", ""))
-        if self._parsed is None or not version or self._parsed[0] != version:
-            self._parsed = (version, GenRMPoolSpec.model_validate(pool.get("spec") or {}),
-                            GenRMPoolStatus.model_validate(pool.get("status") or {}))
-        return self._parsed[1], self._parsed[2]
-
-    def pod_views(self, pods: list[Manifest]) -> tuple[PodView, ...]:
-        """The pods' views, each made again only when its pod changed (resourceVersion).
-
-        A step sees most pods as the last one did; making every view anew was a sizeable share of
-        the operator's CPU in a scale storm (figures: docs/performance.md#measurements-behind-the-code)."""
-        views, kept = [], {}
-        for pod in pods:
-            meta = pod["metadata"]
-            key = (str(meta.get("uid", "")), str(meta.get("resourceVersion", "")))
-            view = self._views.get(key) or pod_view(pod)
-            if key[1]:
-                kept[key] = view
-            views.append(view)
-        self._views = kept
-        return tuple(views)
-
-    async def read_pool(self) -> Manifest | None:
-        """The newest copy of the pool: the watch's, or the answer to this process's own last status write
-        while the watch has not shown that write yet (deciding on an older status would only repeat
-        the last step and meet a Conflict). A GET at start, after a Conflict, and whenever the two
-        cannot be ordered by their resourceVersions (integers on every etcd-backed API server; the
-        API conventions call them opaque, so anything else falls back to reading).
-
-        Either copy may lag another writer's latest change by a watch event, as a GET may lag by a
-        round trip: the status write is bound to the copy's resourceVersion, so a decision on an old
-        spec is refused (Conflict) and made again on a fresh read."""
-        seen, written = self.watched(), self._written
-        if not self._refresh and seen is not None and (newest := _newest(seen, written)) is not None:
-            return newest
-        self._refresh = False
-        return await self.kube.get_pool(self.namespace, self.name)
-
-
-
-def _newest(seen: Manifest, written: Manifest | None) -> Manifest | None:
-    """The newer of the watch's copy and this process's last write (by resourceVersion), or None when
-    they cannot be ordered (resourceVersions that are not integers)."""
-    if written is None:
-        return seen
-    with contextlib.suppress(KeyError, TypeError, ValueError):
-        newer = int(written["metadata"]["resourceVersion"]) > int(seen["metadata"]["resourceVersion"])
-        return written if newer else seen
-    return None
