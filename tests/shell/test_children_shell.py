@@ -1,11 +1,12 @@
-"""Tests of the children step of ``PoolReconciler`` against a fake API server with a fake watch.
+"""Tests of the children of ``PoolReconciler``'s steps against a fake API server with a fake watch.
 
 Aspects under test: missing children are created in order (Secret, Service, PDB) and, once the
 watch shows them, left alone; an edit of spec.service.port patches the existing Service; a
 Secret that exists but that the watch does not show (its labels removed) is read, its token
-kept and its labels restored; a child write the API server refuses, and a refused pod create
-of the previous step, make the pool Degraded (ChildFailed) with the API server's message and
-post a Warning event carrying it; once the refusal stops, Degraded clears.
+kept and its labels restored; a child write the API server refuses and a refused pod create,
+both decided in the step's Plan and both reported by the next step, make the pool Degraded
+(ChildFailed) with the API server's message and post a Warning event carrying it; once the
+refusal stops, Degraded clears.
 """
 
 from __future__ import annotations
@@ -154,7 +155,8 @@ async def test_a_secret_the_watch_does_not_show_is_read_its_token_kept_and_its_l
 async def test_refused_children_make_the_pool_degraded_with_the_api_servers_message() -> None:
     h = Harness()
     h.kube.refuse["Service"] = refusal('Service "judge" is invalid: metadata.name: Invalid value')
-    await h.step()
+    await h.step()  # the Plan's Service create is refused after the decision
+    await h.step()  # ... and reported by the next step, as a refused pod action is
     degraded = h.degraded()
     assert degraded["status"] == "True" and degraded["reason"] == CHILD_FAILED
     assert degraded["message"] == 'Service judge: Service "judge" is invalid: metadata.name: Invalid value'

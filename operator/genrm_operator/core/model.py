@@ -10,12 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from genrm_contract.sidecar import DrainState
 
 from ..api.pool import GenRMPoolSpec, GenRMPoolStatus
 from ..autoscaling import Decision
+
+if TYPE_CHECKING:  # children imports placement, which imports this module
+    from .children import Manifest
+    from .childrenplan import ChildAction
 
 Verification = Literal["", "passed", "failed"]
 
@@ -82,6 +86,21 @@ class Observed:
     gpu_products: Mapping[str, str] = field(default_factory=dict)
     """GPU product by node name (the node label nvidia.com/gpu.product), for the nodes of the pool's
     pods that carry it (`placement`)."""
+    children: ObservedChildren | None = None
+    """The pool's Secret, Service and PodDisruptionBudget as watched; None: the step plans no
+    children (the core tests' world has none)."""
+
+
+@dataclass(frozen=True)
+class ObservedChildren:
+    """What the children's decisions need from the shell: the watched objects and the token."""
+
+    pool_uid: str
+    namespace: str
+    token: str
+    """The pool's control token: the Secret's, or the one the shell made while none is watched."""
+    objects: Mapping[str, Manifest] = field(default_factory=dict)
+    """The pool's children by kind (`childrenplan.select_observed`)."""
 
 
 @dataclass(frozen=True)
@@ -284,3 +303,7 @@ class Plan:
     actions: tuple[Action, ...] = ()
     events: tuple[Event, ...] = ()
     decision: Decision | None = None
+    children: tuple[ChildAction, ...] = ()
+    """The children's decisions, in the order Secret, Service, PodDisruptionBudget (KubeRay's ordered
+    ``reconcileFuncs``): carried out before the pod actions, beside the status write (they record
+    nothing), their refusals reported by the next step like refused pod actions."""

@@ -49,6 +49,7 @@ from ..api.status import (
 from . import placement
 from .autoscale import autoscale
 from .backoff import create_backoff
+from .childrenplan import ChildAction, desired_children, plan_children
 from .classify import Replica, Role
 from .clock import stamp
 from .model import (
@@ -99,7 +100,17 @@ def reconcile(obs: Observed) -> Plan:
         op = advance_rollout(s, op)
     scaling = autoscale(obs, s.replicas)
     return Plan(status=next_status(s, op, scaling), actions=tuple(s.actions),
-                events=(*s.events, *scaling.events), decision=scaling.decision)
+                events=(*s.events, *scaling.events), decision=scaling.decision, children=plan_pool_children(obs))
+
+
+def plan_pool_children(obs: Observed) -> tuple[ChildAction, ...]:
+    """The Secret's, the Service's and the PodDisruptionBudget's decisions (`childrenplan`), none when
+    the step observed no children."""
+    c = obs.children
+    if c is None:
+        return ()
+    desired = desired_children(obs.name, c.pool_uid, c.namespace, obs.spec, c.token)
+    return plan_children(desired, c.objects, c.pool_uid)
 
 
 def note_observed_creates(s: Step, op: Operation | None) -> Operation | None:

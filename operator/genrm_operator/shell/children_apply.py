@@ -1,30 +1,30 @@
 """The children applier of one pool: its token Secret, Service and PodDisruptionBudget brought to the spec.
 
-`core.childrenplan` decides (create, merge-patch of the owned fields, delete or nothing, in the
-order Secret, Service, PodDisruptionBudget: KubeRay's ordered ``reconcileFuncs``); this carries
-the decisions out and returns the API server's refusals, which the step reports in the pool's
-status (`Observed.child_errors`) as it reports refused pod actions.
+The core decides them in the step's `Plan` (`Plan.children`, from `core.childrenplan`: create,
+merge-patch of the owned fields, delete or nothing, in the order Secret, Service,
+PodDisruptionBudget: KubeRay's ordered ``reconcileFuncs``) from what this observes; this carries
+the decisions out and keeps the API server's refusals, which the next step reports in the pool's
+status (`Observed.child_errors`) exactly as it reports refused pod actions.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from kubernetes.client.exceptions import ApiException
 
-from ..api.pool import GenRMPoolSpec
 from ..core.childrenplan import (
     ChildAction,
     CreateChild,
     DeleteChild,
     ForeignChild,
     PatchChild,
-    desired_children,
     observed_token,
     plan_children,
     select_observed,
 )
+from ..core.model import ObservedChildren
 from .executor import target
 from .kube import Kube, Manifest, api_message
 
@@ -40,9 +40,11 @@ class ChildrenApplier:
         self.token: str | None = None
         """The pool's control token: the Secret's, or one this process made while the watch has not
         shown the Secret yet."""
+        self.errors: list[str] = []
+        """The API server's refusals of the last step's child writes, reported by the next step."""
 
-    async def apply(self, pool_uid: str, spec: GenRMPoolSpec) -> list[str]:
-        """Bring the Secret, Service and PDB to the spec, in order; returns the API server's refusals.
+    def observe(self, pool_uid: str) -> ObservedChildren:
+        """The pool's children as the watches show them, and its token, for the core to decide on.
 
         The token is the one the Secret holds; one this process made before stands in while the
         watch has not shown the Secret yet, so a deleted Secret comes back with the token the
@@ -50,12 +52,15 @@ class ChildrenApplier:
         """
         observed = select_observed(self.name, self.children())
         self.token = observed_token(observed.get("Secret")) or self.token or secrets.token_urlsafe(32)
-        desired = desired_children(self.name, pool_uid, self.namespace, spec, self.token)
-        refused = [await self.child_action(action, desired, pool_uid)
-                   for action in plan_children(desired, observed, pool_uid)]
-        return [message for message in refused if message]
+        return ObservedChildren(pool_uid=pool_uid, namespace=self.namespace, token=self.token, objects=observed)
 
-    async def child_action(self, action: ChildAction, desired: dict[str, Manifest], pool_uid: str) -> str | None:
+    async def carry_out(self, actions: Iterable[ChildAction], pool_uid: str) -> None:
+        """Carry out the children's decisions of a `Plan`, in order; the API server's refusals are kept
+        in `errors` for the next step to report."""
+        refused = [await self.child_action(action, pool_uid) for action in actions]
+        self.errors = [message for message in refused if message]
+
+    async def child_action(self, action: ChildAction, pool_uid: str) -> str | None:
         """Carry out one child decision; returns why it could not be done (the API server's message).
 
         A create that meets an object the watch did not show (its labels removed by hand) compares
@@ -70,8 +75,8 @@ class ChildrenApplier:
                         return None
                     if kind == "Secret":
                         self.token = observed_token(found) or self.token
-                    for retry in plan_children({kind: desired[kind]}, {kind: found}, pool_uid):
-                        if message := await self.child_action(retry, desired, pool_uid):
+                    for retry in plan_children({kind: manifest}, {kind: found}, pool_uid):
+                        if message := await self.child_action(retry, pool_uid):
                             return message
                 case PatchChild(kind=kind, name=name, patch=patch):
                     await self.kube.patch_child(kind, ns, name, patch)

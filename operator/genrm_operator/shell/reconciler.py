@@ -203,10 +203,9 @@ class PoolReconciler:
             return False
         meta = pool["metadata"]
         spec, status = self.observer.parse(pool)
-        self._stage = "children"
-        child_errors = (*await self.applier.apply(meta["uid"], spec),
-                        *self.executor.errors.values())[:REPORTED_CHILD_ERRORS]
         self._stage = "observe"
+        children = self.applier.observe(meta["uid"])
+        child_errors = (*self.applier.errors, *self.executor.errors.values())[:REPORTED_CHILD_ERRORS]
         pods = self.observer.pods()
         endpoints = {
             p["metadata"]["name"]: Endpoint(ip, spec.gateway.control_port, self.applier.token or "")
@@ -218,7 +217,7 @@ class PoolReconciler:
             name=self.name, generation=int(meta.get("generation", 0)), spec=spec, status=status,
             pods=views, sidecars=await self.watch.views(endpoints), now=time.time(),
             child_errors=child_errors, metrics=await self.autoscaler.sample(spec.autoscaling, published, endpoints),
-            gpu_products=self.observer.products({v.node for v in views if v.node}),
+            gpu_products=self.observer.products({v.node for v in views if v.node}), children=children,
         )
         self._stage = "decide"
         plan = reconcile(observed)
@@ -228,9 +227,14 @@ class PoolReconciler:
         now = time.monotonic()
         delivery = deliver(status, plan, self._unwritten_since, now,
                            due=[a for a in plan.actions if self.executor.expected.due(a, now)])
+        # The children first, in their order (the Secret holds the token pods start with), then the
+        # pod actions beside and after the status write. The last step's refusals are in this
+        # status; this step's are collected anew.
+        self._stage = "children"
+        await self.applier.carry_out(plan.children, meta["uid"])
         self._stage = "write"
         self._unwritten_since = delivery.unwritten_since
-        self.executor.errors = {}  # the last step's refusals are in this status; this step's are collected anew
+        self.executor.errors = {}
         acting = asyncio.gather(*(self.executor.carry_out(a, meta["uid"], spec, endpoints) for a in delivery.beside))
         try:
             if delivery.write:
