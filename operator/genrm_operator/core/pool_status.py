@@ -5,15 +5,7 @@
 from __future__ import annotations
 
 from ..api.pool import GenRMPoolStatus
-from ..api.status import (
-    Condition,
-    ConditionStatus,
-    ConditionType,
-    Operation,
-    OperationType,
-    Phase,
-    Reason,
-)
+from ..api.status import Condition, ConditionStatus, ConditionType, Operation, OperationType, Phase, Reason
 from .autoscale import Scaling
 from .backoff import BackOff, back_off
 from .childrenplan import CHILD_FAILED

@@ -39,33 +39,19 @@ from __future__ import annotations
 
 from genrm_contract.sidecar import DrainState
 
-from ..api.status import (
-    AddedPod,
-    Operation,
-    OperationType,
-    Phase,
-    Reason,
-)
+from ..api.status import AddedPod, Operation, OperationType, Phase, Reason
 from . import placement
 from .autoscale import autoscale
 from .backoff import create_backoff
 from .childrenplan import ChildAction, desired_children, plan_children
 from .classify import Replica, Role
 from .clock import stamp
-from .model import (
-    Drain,
-    Observed,
-    Plan,
-    SetPublished,
-)
+from .model import Drain, Observed, Plan, SetPublished
 from .names import drain_id
 from .pool_status import next_status
 from .rollout import advance_rollout, outdated
 from .scale_in import advance_scale_in
-from .scale_out import (
-    advance_scale_out,
-    awaits_publication,
-)
+from .scale_out import advance_scale_out, awaits_publication
 from .step import (
     Step,
     begin,

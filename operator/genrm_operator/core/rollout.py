@@ -7,18 +7,7 @@ from ..api.status import ConditionType, Operation, Phase, Reason, Victim
 from .classify import Replica, Role
 from .scale_in import advance_victims
 from .scale_out import create, may_create, noted_failures, publish_or_verify, retry_creates
-from .step import (
-    VICTIM_PHASES,
-    Step,
-    counts,
-    emit,
-    finish,
-    gpu_holders,
-    pending_creates,
-    role,
-    set_phase,
-    victim_names,
-)
+from .step import VICTIM_PHASES, Step, counts, emit, finish, gpu_holders, pending_creates, role, set_phase, victim_names
 from .victims import choose_victims
 
 
