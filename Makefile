@@ -31,7 +31,7 @@ tools:
 test: venv tools lint control-plane unit e2e
 
 lint: venv
-	$(VENV)/bin/ruff check operator gateway contract engine hack tests e2e
+	$(VENV)/bin/ruff check operator gateway contract engine hack bench tests e2e
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mypy hack/sglang_contract.py
 	$(VENV)/bin/lint-imports
@@ -71,25 +71,25 @@ sglang-contract: venv
 	$(PY) hack/sglang_contract.py
 
 bench-gateway: venv
-	$(PY) -m genrm_bench.gateway
+	$(PY) -m bench.gateway
 
 ## bench-parts: the gateway's HTTP server and engine client beside maintained alternatives
 ## (uvicorn's h11 protocol, granian; aiohttp, httpx), in one run
 bench-parts: venv
-	$(PY) -m genrm_bench.parts
+	$(PY) -m bench.parts
 
 bench-autoscaler: venv control-plane
-	GENRM_BIN_DIR="$$(hack/control-plane.sh)" $(PY) -m e2e.bench_autoscaler
+	GENRM_BIN_DIR="$$(hack/control-plane.sh)" $(PY) -m bench.autoscaler
 
 ## bench-spread: per-replica request share, p99 and hand-backs after a scale 1 -> 4 under 8, 25 and 64
 ## keep-alive client connections through the Service (CONNECTIONS=n,... to choose)
 bench-spread: venv tools control-plane
-	GENRM_BIN_DIR="$$(hack/control-plane.sh)" $(PY) -m e2e.bench_spread $(if $(CONNECTIONS),--connections $(CONNECTIONS))
+	GENRM_BIN_DIR="$$(hack/control-plane.sh)" $(PY) -m bench.spread $(if $(CONNECTIONS),--connections $(CONNECTIONS))
 
 ## bench-operator: operator reaction, publish overhead and cost beside the ReplicaSet controller;
 ## SIZES=PxR,... (pools x replicas), MODE=hollow|real|both (default both: 5x3,20x3 real, 10x5,50x20 hollow)
 bench-operator: venv tools control-plane
-	GENRM_BIN_DIR="$$(hack/control-plane.sh)" $(PY) -m e2e.bench_operator $(if $(SIZES),--sizes $(SIZES)) \
+	GENRM_BIN_DIR="$$(hack/control-plane.sh)" $(PY) -m bench.operator_storm $(if $(SIZES),--sizes $(SIZES)) \
 	  $(if $(filter hollow,$(MODE)),--hollow) $(if $(filter real,$(MODE)),--real)
 
 images:

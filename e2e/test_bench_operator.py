@@ -30,7 +30,7 @@ BURST = re.compile(r"^operator-bench-burst: deployments=(?P<deployments>\d+) "
 
 
 def test_bench_operator_smoke() -> None:
-    done = subprocess.run([sys.executable, "-m", "e2e.bench_operator", "--hollow", "--sizes", "2x2",
+    done = subprocess.run([sys.executable, "-m", "bench.operator_storm", "--hollow", "--sizes", "2x2",
                            "--idle-seconds", "5", "--rounds", "1", "--writes", "20"],
                           cwd=REPO, env=os.environ, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -5,8 +5,9 @@ from __future__ import annotations
 from itertools import pairwise
 
 import pytest
-from genrm_bench.simulate import LoadProfile, simulate
 from genrm_operator.api.autoscaling import AutoscalingSpec
+
+from bench.simulate import LoadProfile, simulate
 
 SPEC = AutoscalingSpec.model_validate(
     {

@@ -162,5 +162,5 @@ def test_dockerignore_keeps_the_sources_and_drops_the_rest() -> None:
                    "gateway/genrm_gateway/cli.py", "contract/genrm_contract/drained.py", "engine/genrm_sim/cli.py"):
         assert not dockerignored(needed), needed
     for dropped in (".venv/bin/python", ".git/HEAD", "tests/chart/conftest.py", "charts/genrm-operator/Chart.yaml",
-                    "hack/genrm_cluster/__init__.py", "hack/genrm_bench/gateway.py", "hack/genrm_testing/__init__.py"):
+                    "hack/genrm_cluster/__init__.py", "bench/gateway.py", "hack/genrm_testing/__init__.py"):
         assert dockerignored(dropped), dropped

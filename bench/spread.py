@@ -13,7 +13,7 @@ from the replicas' own `/metrics`, read twice a second:
   (every reconnect, the client pool's own included);
 * failed: requests that did not end in a 2xx.
 
-Run from the repository root: ``python -m e2e.bench_spread [--connections 8,25,64]``.
+Run from the repository root: ``python -m bench.spread [--connections 8,25,64]``.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from pathlib import Path
 
 from genrm_cluster.cluster import LocalCluster
 
-from .harness import REPO, Cluster, OperatorProcess, pool_manifest, served_model, wait_for
-from .spread import KeepAliveClients, ShareMeter, quantile
+from e2e.harness import REPO, Cluster, OperatorProcess, pool_manifest, served_model, wait_for
+from e2e.spread import KeepAliveClients, ShareMeter, quantile
 
 REPLICAS = 4
 HOLD_SECONDS = 30.0

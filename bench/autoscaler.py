@@ -19,7 +19,7 @@ replicas' own ``/metrics``:
 
 It lives beside the end-to-end suite and uses its cluster, operator process, pool manifest and
 load client (``harness.py``, ``loadclient.py``), so "failed" means exactly what it means there.
-Run from the repository root: ``python -m e2e.bench_autoscaler``.
+Run from the repository root: ``python -m bench.autoscaler``.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from typing import Any, cast
 from genrm_cluster.cluster import LocalCluster
 from kubernetes import client
 
-from .harness import REPO, Cluster, OperatorProcess, pool_manifest, served_model
-from .spread import KeepAliveClients, ShareMeter
+from e2e.harness import REPO, Cluster, OperatorProcess, pool_manifest, served_model
+from e2e.spread import KeepAliveClients, ShareMeter
 
 INTERVAL_S = 2
 TARGET = 2

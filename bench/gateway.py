@@ -19,7 +19,7 @@ from pathlib import Path
 
 from genrm_testing import free_port, launched, wait_ready
 
-from genrm_bench.loadgen import LoadResult
+from bench.loadgen import LoadResult
 
 CONCURRENCIES = (1, 64, 256)
 # Each figure is the median over ROUNDS interleaved runs: one run on a 2-core machine is noisy.
@@ -80,7 +80,7 @@ def ensure_nginx() -> bool:
 
 def measure(port: int, concurrency: int) -> LoadResult:
     out = subprocess.run(
-        [sys.executable, "-m", "genrm_bench.loadgen", "--port", str(port), "--body", BODY,
+        [sys.executable, "-m", "bench.loadgen", "--port", str(port), "--body", BODY,
          "--concurrency", str(concurrency), "--seconds", str(RUN_SECONDS), "--warmup", str(WARMUP_SECONDS)],
         check=True, capture_output=True, timeout=60,
     ).stdout

@@ -38,8 +38,8 @@ from genrm_testing import free_port, launched, wait_ready
 from granian import Granian
 from granian.constants import HTTPModes, Interfaces, Loops
 
-from genrm_bench.gateway import BODY, ROUNDS, RUN_SECONDS, WARMUP_SECONDS, measure, median_result
-from genrm_bench.loadgen import LoadResult
+from bench.gateway import BODY, ROUNDS, RUN_SECONDS, WARMUP_SECONDS, measure, median_result
+from bench.loadgen import LoadResult
 
 SERVERS = ("gateway", "uvicorn-h11", "granian")
 CONCURRENCIES = (1, 64)
@@ -87,7 +87,7 @@ def serve(server: str, engine_url: str, port: int) -> None:
                     ws="none", lifespan="on", log_level="warning", access_log=False, server_header=False)
     elif server == "granian":
         os.environ |= {ENGINE_ENV: engine_url, "GENRM_BENCH_PORT": str(port)}
-        Granian("genrm_bench.parts:granian_app", address="127.0.0.1", port=port, interface=Interfaces.ASGI,
+        Granian("bench.parts:granian_app", address="127.0.0.1", port=port, interface=Interfaces.ASGI,
                 workers=1, loop=Loops.uvloop, http=HTTPModes.http1, websockets=False, factory=True,
                 log_enabled=False).serve()
     else:
@@ -162,7 +162,7 @@ def _start_servers(stack: ExitStack, engine_url: str) -> tuple[dict[str, int], d
             command = [py, "-m", "genrm_gateway", "serve", "--host", "127.0.0.1", "--port", str(port),
                        "--control-port", str(free_port()), "--engine-url", engine_url, "--propagation-seconds", "0"]
         else:
-            command = [py, "-m", "genrm_bench.parts", "--serve", server, "--engine-url", engine_url,
+            command = [py, "-m", "bench.parts", "--serve", server, "--engine-url", engine_url,
                        "--port", str(port)]
         pids[server] = stack.enter_context(launched(command, env=os.environ | {"GENRM_CONTROL_TOKEN": "bench"})).pid
         wait_ready(f"http://127.0.0.1:{port}/v1/models")
@@ -210,7 +210,7 @@ def _measure_clients(engine_url: str) -> dict[tuple[str, int], tuple[float, floa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="genrm_bench.parts", description=__doc__)
+    parser = argparse.ArgumentParser(prog="bench.parts", description=__doc__)
     parser.add_argument("--serve", choices=SERVERS[1:], help=argparse.SUPPRESS)
     parser.add_argument("--engine-url", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)

@@ -11,7 +11,7 @@ InFlight each serving replica would report; its decisions are applied at once, r
 starting replicas before serving ones (the operator's victim order).
 
 It measures, in simulated time, the figures ``make bench-autoscaler`` measures on the local
-cluster (``e2e/bench_autoscaler.py``): reaction (load step to the first scale-up), settle (load
+cluster (``bench/autoscaler.py``): reaction (load step to the first scale-up), settle (load
 step to enough serving replicas), flaps (direction changes while the load holds) and overshoot
 (replicas beyond the need while it holds). ``tests/autoscaling/test_simulation.py`` runs it.
 """

@@ -40,7 +40,7 @@ Figures:
   request and a pod create, which with the status write before it add up to the API server's work
   before the last pool of a storm can act (``operator-bench-floor:``, ``critical_cpu_s``).
 
-Run from the repository root: ``python -m e2e.bench_operator --hollow --sizes 10x5,50x20``.
+Run from the repository root: ``python -m bench.operator_storm --hollow --sizes 10x5,50x20``.
 The last line is ``operator-bench: pools=P replicas=R react_p50_s= ...`` for the largest size.
 """
 
@@ -70,7 +70,7 @@ from genrm_operator.shell.kube import status_update
 from genrm_operator.shell.metrics import SIDECAR_REQUESTS
 from prometheus_client.parser import text_string_to_metric_families
 
-from .harness import REPO, Cluster, OperatorProcess, pool_manifest
+from e2e.harness import REPO, Cluster, OperatorProcess, pool_manifest
 
 OPERATOR_AGENTS = ("genrm-operator", "kopf/")
 RS_USER = "system:serviceaccount:kube-system:replicaset-controller"
@@ -84,7 +84,7 @@ AUDIT_POLICY = {
         {"level": "None"},
     ],
 }
-SIDECAR_CALLS = SIDECAR_REQUESTS.describe()[0].name
+SIDECAR_CALLS = next(iter(SIDECAR_REQUESTS.describe())).name
 """The operator's counter of its requests to sidecars (the family name, without ``_total``)."""
 SPLIT = ("react", "api", "delivery", "operator", "write")
 """A pool's reaction time (``react``) as the sum of: the scale request inside the API server, from its
@@ -316,7 +316,7 @@ class Figures:
                 f"rs_burst_react_p99_s={pct(self.rs_burst, .99):.3f}")
 
 
-COLUMNS = [
+COLUMNS: list[tuple[str, Callable[[Figures], object]]] = [
     ("mode", lambda f: f.mode), ("PxR", lambda f: f"{f.pools}x{f.per_pool}"), ("R", lambda f: f.replicas),
     ("prov_s", lambda f: f"{f.provision_s:.1f}"),
     ("react50", lambda f: f"{pct(f.react, .5):.3f}"), ("react99", lambda f: f"{pct(f.react, .99):.3f}"),
@@ -740,7 +740,7 @@ def run(hollow: bool, sizes: list[tuple[int, int]], idle_s: float, rounds: int, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench_operator", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="bench.operator_storm", description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default=os.environ.get("SIZES") or "",
                         help="PxR,... (pools x replicas per pool); default 10x5,50x20 hollow, 5x3,20x3 real")
     parser.add_argument("--hollow", action="store_true", help="hollow replicas only")
