@@ -83,10 +83,6 @@ class DrainPhase(enum.StrEnum):
     FENCE = "fence"
 
 
-Phase = DrainPhase
-"""Transitional alias for ``shell/reconciler.py``, whose owner switches it to :class:`DrainPhase`."""
-
-
 class RefusalReason(enum.StrEnum):
     """Why the gateway answered a request itself: the clients' vocabulary, spelt in the
     ``x-genrm-reason`` header, the JSON error's ``reason`` and the ``reason`` label of

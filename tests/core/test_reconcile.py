@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 from genrm_operator.api.pool import GenRMPoolSpec, GenRMPoolStatus
-from genrm_operator.api.status import HISTORY_LIMIT, HistoryEntry, Operation, Phase
+from genrm_operator.api.status import HISTORY_LIMIT, HistoryEntry, Operation, OperationPhase
 from genrm_operator.core.backoff import create_backoff
 from genrm_operator.core.children import template_revision
 from genrm_operator.core.classify import Replica, Role, classify, failure_reason
@@ -887,7 +887,7 @@ def test_counts_wait_for_the_operations_next_decision_and_nothing_else_does() ->
     fewer_ready = running.evolve(ready_replicas=running.ready_replicas - 1)
     assert report_waits(running, fewer_ready, 0.0)
     assert not report_waits(running, fewer_ready, REPORT_DELAY_SECONDS), "written on its own after the delay"
-    draining = running.evolve(operation=op.evolve(phase=Phase.DRAINING, message="1 victim(s) left",
+    draining = running.evolve(operation=op.evolve(phase=OperationPhase.DRAINING, message="1 victim(s) left",
                                                   last_transition_time=stamp(world.now + 1)))
     assert not report_waits(running, draining, 0.0), "a phase"
     fenced = running.evolve(operation=op.evolve(victims=[op.victims[0].evolve(fenced_at=stamp(world.now))]))

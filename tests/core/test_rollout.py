@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from genrm_operator.api.status import ConditionType, OperationType, Phase
+from genrm_operator.api.status import ConditionType, OperationPhase, OperationType
 from genrm_operator.core.backoff import create_backoff
 from genrm_operator.core.conditions import find
 from genrm_operator.core.model import DeletePod, Drain
@@ -53,7 +53,7 @@ def test_a_template_change_replaces_every_replica_surge_first_and_never_below_th
     assert {p.revision for p in world.pods.values()} == {world.revision}
     assert most_pods <= 4 and least_serving >= 3
     last = world.status.history[-1]
-    assert (last.type, last.outcome) == (OperationType.ROLLOUT, Phase.SUCCEEDED)
+    assert (last.type, last.outcome) == (OperationType.ROLLOUT, OperationPhase.SUCCEEDED)
     assert "3 replica(s) replaced" in last.message
     status = world.status
     assert (status.updated_replicas, status.update_revision, status.current_revision) == (3, world.revision,
@@ -81,7 +81,8 @@ def test_no_spare_gpu_and_no_unavailability_allowed_blocks_the_rollout_visibly()
     world = converged_world(2)
     world.gpus = 2
     change_template(world)
-    run_until(world, lambda: world.status.operation is not None and world.status.operation.phase is Phase.PROVISIONING
+    run_until(world, lambda: world.status.operation is not None
+              and world.status.operation.phase is OperationPhase.PROVISIONING
               and any(p.unschedulable for p in world.pods.values()), max_steps=20)
     world.step()
     blocked = find(world.status.conditions, ConditionType.ROLLOUT_BLOCKED)
@@ -117,13 +118,14 @@ def test_pause_stops_between_replacements_and_resume_finishes() -> None:
     change_template(world)
     run_until(world, lambda: world.status.operation is not None and bool(world.status.operation.victims))
     world.edit(paused=True)
-    run_until(world, lambda: world.status.operation is not None and world.status.operation.phase is Phase.PAUSED,
+    run_until(world, lambda: world.status.operation is not None
+              and world.status.operation.phase is OperationPhase.PAUSED,
               max_steps=100)
     replaced = world.status.operation.replaced
     outdated = sum(1 for p in world.pods.values() if p.revision != world.revision)
     for _ in range(20):
         world.step()
-    assert world.status.operation.phase is Phase.PAUSED and world.status.operation.replaced == replaced
+    assert world.status.operation.phase is OperationPhase.PAUSED and world.status.operation.replaced == replaced
     assert sum(1 for p in world.pods.values() if p.revision != world.revision) == outdated > 0
     progressing = find(world.status.conditions, ConditionType.PROGRESSING)
     assert progressing is not None and (progressing.status, progressing.reason) == ("False", "RolloutPaused")
@@ -155,7 +157,7 @@ def test_a_scale_in_during_a_rollout_supersedes_it_and_takes_outdated_replicas_f
     world.scale(1)
     run_until(world, world.converged, max_steps=300)
     kinds = [(h.type, h.outcome) for h in world.status.history]
-    assert (OperationType.ROLLOUT, Phase.SUPERSEDED) in kinds
+    assert (OperationType.ROLLOUT, OperationPhase.SUPERSEDED) in kinds
     assert [p.revision for p in world.pods.values()] == [world.revision]
 
 
@@ -215,7 +217,7 @@ def assert_retired_without_blame(world: World, surge: SimPod) -> None:
     run_until(world, done, max_steps=300)
     assert answered and surge.name in world.names_deleted
     rollouts = [(h.outcome, h.reason) for h in world.status.history if h.type is OperationType.ROLLOUT]
-    assert rollouts == [(Phase.SUCCEEDED, "TargetReached")], world.status.history
+    assert rollouts == [(OperationPhase.SUCCEEDED, "TargetReached")], world.status.history
     events = reasons(world.plans)
     assert "RolloutRetargeted" in events
     assert "RolloutPartial" not in events and "ReplicaFailed" not in events, events
@@ -233,7 +235,7 @@ def test_a_retarget_retires_an_unpublished_surge_replica_without_blaming_it() ->
 def test_a_retarget_during_verification_retires_the_surge_replica_without_blaming_it() -> None:
     world = converged_world(3)
     surge = retarget(world, lambda pod: pod.warm and not pod.published)
-    assert world.status.operation is not None and world.status.operation.phase is Phase.VERIFYING
+    assert world.status.operation is not None and world.status.operation.phase is OperationPhase.VERIFYING
     assert_retired_without_blame(world, surge)
     assert not surge.ever_published
 
@@ -256,7 +258,7 @@ def test_a_surge_replica_that_really_fails_still_ends_the_rollout_partial_and_ba
     run_until(world, lambda: any(h.type is OperationType.ROLLOUT for h in world.status.history), max_steps=20)
     last = world.status.history[-1]
     assert (last.type, last.outcome, last.reason, last.message) == (
-        OperationType.ROLLOUT, Phase.PARTIAL, "ReplicaFailed", f"{surge.name}: ReplicaFailed")
+        OperationType.ROLLOUT, OperationPhase.PARTIAL, "ReplicaFailed", f"{surge.name}: ReplicaFailed")
     assert surge.name not in world.pods, "gone before the rollout ended: the failure was remembered"
     assert "RolloutPartial" in reasons(world.plans)
     assert create_backoff(world.status.history, world.now) > 0.0

@@ -26,7 +26,7 @@ class OperationType(StrEnum):
     ROLLOUT = "Rollout"
 
 
-class Phase(StrEnum):
+class OperationPhase(StrEnum):
     """Phases of the scale-operation state machine (docs/state-machine.md)."""
 
     PENDING = "Pending"
@@ -43,15 +43,17 @@ class Phase(StrEnum):
     SUPERSEDED = "Superseded"
 
 
-SCALE_OUT_PHASES = frozenset({Phase.PENDING, Phase.PROVISIONING, Phase.VERIFYING})
-SCALE_IN_PHASES = frozenset({Phase.PENDING, Phase.UNPUBLISHING, Phase.FENCING, Phase.DRAINING, Phase.REMOVING})
-TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.PARTIAL, Phase.FAILED, Phase.SUPERSEDED})
-ROLLOUT_PHASES = SCALE_OUT_PHASES | SCALE_IN_PHASES | {Phase.PAUSED}
+SCALE_OUT_PHASES = frozenset({OperationPhase.PENDING, OperationPhase.PROVISIONING, OperationPhase.VERIFYING})
+SCALE_IN_PHASES = frozenset({OperationPhase.PENDING, OperationPhase.UNPUBLISHING, OperationPhase.FENCING,
+                             OperationPhase.DRAINING, OperationPhase.REMOVING})
+TERMINAL_PHASES = frozenset({OperationPhase.SUCCEEDED, OperationPhase.PARTIAL, OperationPhase.FAILED,
+                             OperationPhase.SUPERSEDED})
+ROLLOUT_PHASES = SCALE_OUT_PHASES | SCALE_IN_PHASES | {OperationPhase.PAUSED}
 """A rollout surges (Provisioning, Verifying) and retires outdated replicas like a scale-in; Paused between."""
 ACTIVE_PHASES = {OperationType.SCALE_OUT: SCALE_OUT_PHASES, OperationType.SCALE_IN: SCALE_IN_PHASES,
                  OperationType.ROLLOUT: ROLLOUT_PHASES}
 """The phases an active operation of each type may be in; a finished one is in history with a terminal phase."""
-Outcome = Literal[Phase.SUCCEEDED, Phase.PARTIAL, Phase.FAILED, Phase.SUPERSEDED]
+Outcome = Literal[OperationPhase.SUCCEEDED, OperationPhase.PARTIAL, OperationPhase.FAILED, OperationPhase.SUPERSEDED]
 """How an operation ended: one of :data:`TERMINAL_PHASES`."""
 
 
@@ -93,8 +95,8 @@ class ConditionStatus(StrEnum):
     UNKNOWN = "Unknown"
 
 
-class Reason(StrEnum):
-    """CamelCase reasons of the state machine's conditions, outcomes and events.
+class ConditionReason(StrEnum):
+    """CamelCase reasons of the state machine's conditions and outcomes (events have :class:`EventReason`).
 
     The autoscaler's limiter reasons (``ScaleUpStabilized``, ``TooManyReplicas``, ...) are the
     control law's vocabulary and live with it in :mod:`genrm_operator.autoscaling.decide`.
@@ -181,7 +183,7 @@ class EventReason(StrEnum):
     """Its write of the replica count was refused (HPA's reason)."""
 
     @classmethod
-    def operation(cls, type_: OperationType, stage: Phase | Literal["Started"]) -> EventReason:
+    def operation(cls, type_: OperationType, stage: OperationPhase | Literal["Started"]) -> EventReason:
         """The event of an operation starting (``"Started"``) or ending (its terminal phase)."""
         return cls(f"{type_}{stage}")
 
@@ -271,7 +273,7 @@ class OperationIdentity(ApiModel):
 class Operation(OperationIdentity):
     """The active operation: a scale-out, a scale-in or a rollout."""
 
-    phase: Phase
+    phase: OperationPhase
     """Current phase of the state machine."""
     last_transition_time: Timestamp
     """Time of the last phase change (RFC 3339)."""

@@ -37,7 +37,7 @@ from genrm_operator.api.autoscaling import (
     MetricReading,
     format_quantity,
 )
-from genrm_operator.api.status import Condition, ConditionStatus, ConditionType, Reason
+from genrm_operator.api.status import Condition, ConditionReason, ConditionStatus, ConditionType
 
 from .metrics import MetricOutcome, Tolerance, evaluate
 from .milli import MILLI, quantity_milli
@@ -256,18 +256,19 @@ def _conditions(limited_by: str | None, inactive: str | None, now: datetime) -> 
     active = (
         condition(ConditionType.SCALING_ACTIVE, False, inactive, _INACTIVE[inactive])
         if inactive
-        else condition(ConditionType.SCALING_ACTIVE, True, Reason.VALID_METRIC_FOUND, "the metrics gave a count")
+        else condition(ConditionType.SCALING_ACTIVE, True, ConditionReason.VALID_METRIC_FOUND,
+                       "the metrics gave a count")
     )
     able = (
         condition(ConditionType.ABLE_TO_SCALE, True, limited_by, _MESSAGES[limited_by])
         if limited_by in _STABILIZED and limited_by
-        else condition(ConditionType.ABLE_TO_SCALE, True, Reason.READY_FOR_NEW_SCALE,
+        else condition(ConditionType.ABLE_TO_SCALE, True, ConditionReason.READY_FOR_NEW_SCALE,
                        "the recommendation is applied as computed")
     )
     limited = (
         condition(ConditionType.SCALING_LIMITED, True, limited_by, _MESSAGES[limited_by])
         if limited_by in _MESSAGES and limited_by not in _STABILIZED and limited_by
-        else condition(ConditionType.SCALING_LIMITED, False, Reason.DESIRED_WITHIN_RANGE,
+        else condition(ConditionType.SCALING_LIMITED, False, ConditionReason.DESIRED_WITHIN_RANGE,
                        "the desired count is within the range")
     )
     return (active, able, limited)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from ..api.autoscaling import AutoscalerStatus
-from ..api.status import AUTOSCALER_CONDITIONS, Condition, ConditionStatus, ConditionType, EventReason, Reason
+from ..api.status import AUTOSCALER_CONDITIONS, Condition, ConditionReason, ConditionStatus, ConditionType, EventReason
 from ..autoscaling import Decision, Observation, ReplicaSample, ReplicaState, decide
 from ..autoscaling.override import adopt, external_write
 from .classify import Replica, Role
@@ -83,12 +83,13 @@ def conditions(decision: Decision, overridden: bool | None, obs: Observed) -> tu
            for c in decision.conditions]
     if overridden:
         out.append(set_condition(previous, ConditionType.AUTOSCALER_OVERRIDDEN, ConditionStatus.TRUE,
-                                 Reason.EXTERNAL_WRITE,
+                                 ConditionReason.EXTERNAL_WRITE,
                                  "spec.replicas was set by another writer; the autoscaler adopted it as its "
                                  "current count and changes it only when its own decision differs",
                                  now, generation))
     elif overridden is not None:
         out.append(set_condition(previous, ConditionType.AUTOSCALER_OVERRIDDEN, ConditionStatus.FALSE,
-                                 Reason.AUTOSCALER_IN_CHARGE, "spec.replicas is what the autoscaler last decided",
+                                 ConditionReason.AUTOSCALER_IN_CHARGE,
+                                 "spec.replicas is what the autoscaler last decided",
                                  now, generation))
     return tuple(out)

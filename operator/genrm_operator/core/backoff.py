@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..api.base import format_time
-from ..api.status import HistoryEntry, Phase, Reason
+from ..api.status import ConditionReason, HistoryEntry, OperationPhase
 from .clock import stamp
 from .step import WARNING_OUTCOMES
 
@@ -30,9 +30,11 @@ class BackOff:
         return self.last.finished_at.timestamp() + self.delay
 
     @property
-    def reason(self) -> Reason:
+    def reason(self) -> ConditionReason:
         """``VerificationBackOff`` when the last failure was a replica answering differently, else ``BackOff``."""
-        return Reason.VERIFICATION_BACK_OFF if self.last.reason == Reason.REPLICA_INCONSISTENT else Reason.BACK_OFF
+        if self.last.reason == ConditionReason.REPLICA_INCONSISTENT:
+            return ConditionReason.VERIFICATION_BACK_OFF
+        return ConditionReason.BACK_OFF
 
     def resumes(self) -> str:
         """When the next replica is created, and why not before."""
@@ -57,9 +59,9 @@ def back_off(history: list[HistoryEntry]) -> BackOff | None:
     """
     counted: list[HistoryEntry] = []
     for entry in reversed(history):
-        if entry.outcome is Phase.SUCCEEDED:
+        if entry.outcome is OperationPhase.SUCCEEDED:
             break
-        if entry.outcome in WARNING_OUTCOMES and entry.reason != Reason.BACK_OFF:
+        if entry.outcome in WARNING_OUTCOMES and entry.reason != ConditionReason.BACK_OFF:
             counted.append(entry)
     if not counted:
         return None

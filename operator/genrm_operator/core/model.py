@@ -12,9 +12,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from genrm_contract.sidecar import DrainState
+from genrm_contract.sidecar import DrainPhase, DrainState
 
 from ..api.pool import GenRMPoolSpec, GenRMPoolStatus
+from ..api.status import EventReason
 from ..autoscaling import Decision
 
 if TYPE_CHECKING:  # children imports placement, which imports this module
@@ -157,7 +158,7 @@ class Drain:
 
     name: str
     drain_id: str
-    phase: Literal["soft", "fence"]
+    phase: DrainPhase
 
 
 @dataclass(frozen=True)
@@ -287,7 +288,7 @@ class Event:
     """A Kubernetes Event to post on the pool."""
 
     type: Literal["Normal", "Warning"]
-    reason: str
+    reason: EventReason
     message: str
 
 

@@ -5,7 +5,15 @@
 from __future__ import annotations
 
 from ..api.pool import GenRMPoolStatus
-from ..api.status import Condition, ConditionStatus, ConditionType, Operation, OperationType, Phase, Reason
+from ..api.status import (
+    Condition,
+    ConditionReason,
+    ConditionStatus,
+    ConditionType,
+    Operation,
+    OperationPhase,
+    OperationType,
+)
 from .autoscale import Scaling
 from .backoff import BackOff, back_off
 from .childrenplan import CHILD_FAILED
@@ -14,8 +22,9 @@ from .conditions import set_condition
 from .names import selector
 from .step import WARNING_OUTCOMES, Step, counts, failure_detail, failure_text, role, victim_names
 
-PROGRESSING_REASONS = {OperationType.SCALE_OUT: Reason.SCALING_OUT, OperationType.SCALE_IN: Reason.SCALING_IN,
-                       OperationType.ROLLOUT: Reason.ROLLING_OUT}
+PROGRESSING_REASONS = {OperationType.SCALE_OUT: ConditionReason.SCALING_OUT,
+                       OperationType.SCALE_IN: ConditionReason.SCALING_IN,
+                       OperationType.ROLLOUT: ConditionReason.ROLLING_OUT}
 
 
 def next_status(s: Step, op: Operation | None, scaling: Scaling) -> GenRMPoolStatus:
@@ -36,7 +45,7 @@ def next_status(s: Step, op: Operation | None, scaling: Scaling) -> GenRMPoolSta
     ]
     if op is not None and op.type is OperationType.ROLLOUT:
         conds.append(condition(s, ConditionType.ROLLOUT_BLOCKED, bool(s.blocked),
-                               Reason.SURGE_BLOCKED if s.blocked else Reason.AS_EXPECTED, s.blocked))
+                               ConditionReason.SURGE_BLOCKED if s.blocked else ConditionReason.AS_EXPECTED, s.blocked))
     revisions = {r.pod.revision for r in live}
     return s.status.evolve(
         updated_replicas=sum(1 for r in live if r.pod.revision == s.revision),
@@ -67,29 +76,29 @@ def condition(s: Step, type_: ConditionType, holds: bool, reason: str, message: 
 
 def available(s: Step, serving: int) -> Condition:
     if s.desired == 0:
-        return condition(s, ConditionType.AVAILABLE, True, Reason.SCALED_TO_ZERO, "no replicas requested")
+        return condition(s, ConditionType.AVAILABLE, True, ConditionReason.SCALED_TO_ZERO, "no replicas requested")
     if serving > 0:
-        return condition(s, ConditionType.AVAILABLE, True, Reason.REPLICAS_SERVING,
+        return condition(s, ConditionType.AVAILABLE, True, ConditionReason.REPLICAS_SERVING,
                          f"{serving}/{s.desired} replicas serving")
-    return condition(s, ConditionType.AVAILABLE, False, Reason.NO_SERVING_REPLICAS, "no replica is serving")
+    return condition(s, ConditionType.AVAILABLE, False, ConditionReason.NO_SERVING_REPLICAS, "no replica is serving")
 
 
 def progressing(s: Step, op: Operation | None, serving: int, starting: int, draining: int,
                 held: BackOff | None) -> Condition:
     if op is not None:
-        if op.phase is Phase.PAUSED:
-            return condition(s, ConditionType.PROGRESSING, False, Reason.ROLLOUT_PAUSED,
+        if op.phase is OperationPhase.PAUSED:
+            return condition(s, ConditionType.PROGRESSING, False, ConditionReason.ROLLOUT_PAUSED,
                              f"{op.id} paused by spec.paused: {op.message}")
         return condition(s, ConditionType.PROGRESSING, True, PROGRESSING_REASONS[op.type],
                          f"{op.id} {op.phase}: {op.message}")
     if serving == s.desired and starting == 0 and draining == 0:
-        return condition(s, ConditionType.PROGRESSING, False, Reason.AT_TARGET, f"{serving} replicas serving")
+        return condition(s, ConditionType.PROGRESSING, False, ConditionReason.AT_TARGET, f"{serving} replicas serving")
     if held is not None:
         return condition(s, ConditionType.PROGRESSING, False, held.reason,
                          f"{serving}/{s.desired} serving; {starting} starting; {held.resumes()}")
     last = s.history[-1] if s.history else None
     reason = last.reason if last is not None and last.outcome in WARNING_OUTCOMES else ""
-    return condition(s, ConditionType.PROGRESSING, False, reason or Reason.WAITING,
+    return condition(s, ConditionType.PROGRESSING, False, reason or ConditionReason.WAITING,
                      f"{serving}/{s.desired} serving; {starting} starting")
 
 
@@ -101,12 +110,13 @@ def degraded(s: Step, serving: int, surplus: int, held: BackOff | None) -> Condi
     if s.obs.child_errors:
         return condition(s, ConditionType.DEGRADED, True, CHILD_FAILED, "; ".join(s.obs.child_errors))
     if failed:
-        inconsistent = all(r.failure == Reason.REPLICA_INCONSISTENT for r in failed)
+        inconsistent = all(r.failure == ConditionReason.REPLICA_INCONSISTENT for r in failed)
         detail = "; ".join(f"{r.pod.name}: {failure_text(r.failure, failure_detail(r))}" for r in failed)
         return condition(s, ConditionType.DEGRADED, True,
-                         Reason.REPLICA_INCONSISTENT if inconsistent else Reason.REPLICA_FAILED, detail)
+                         ConditionReason.REPLICA_INCONSISTENT if inconsistent else ConditionReason.REPLICA_FAILED,
+                         detail)
     if held is not None:
         return condition(s, ConditionType.DEGRADED, True, held.reason, held.message())
     if last is not None and last.outcome in WARNING_OUTCOMES and (serving != s.desired or surplus):
-        return condition(s, ConditionType.DEGRADED, True, last.reason or Reason.OPERATION_FAILED, last.message)
-    return condition(s, ConditionType.DEGRADED, False, Reason.AS_EXPECTED, "")
+        return condition(s, ConditionType.DEGRADED, True, last.reason or ConditionReason.OPERATION_FAILED, last.message)
+    return condition(s, ConditionType.DEGRADED, False, ConditionReason.AS_EXPECTED, "")

@@ -37,9 +37,9 @@ the whole drain deadline, waiting for a drain nobody needs.
 
 from __future__ import annotations
 
-from genrm_contract.sidecar import DrainState
+from genrm_contract.sidecar import DrainPhase, DrainState
 
-from ..api.status import AddedPod, Operation, OperationType, Phase, Reason
+from ..api.status import AddedPod, ConditionReason, EventReason, Operation, OperationPhase, OperationType
 from . import placement
 from .autoscale import autoscale
 from .backoff import create_backoff
@@ -138,7 +138,7 @@ def clean_up_outside_operations(s: Step, op: Operation | None) -> None:
         elif pod.name in s.misplaced and s.placement is not None:
             # Never served, so it goes at once; the operation's shortfall makes its replacement,
             # pinned. Retiring it is the operator's choice, no failure: it backs nothing off.
-            emit(s, Reason.REPLICA_MISPLACED, f"Replacing {placement.describe(r, s.products)}: new replicas "
+            emit(s, EventReason.REPLICA_MISPLACED, f"Replacing {placement.describe(r, s.products)}: new replicas "
                  f"go to GPU {s.placement.gpu_product}, the product of {s.placement.replica}'s node")
             delete(s, pod)
 
@@ -153,24 +153,27 @@ def retire_failed(s: Step, r: Replica) -> None:
     serving anyone and is deleted directly.
     """
     pod, sidecar = r.pod, r.sidecar
-    emit(s, "ReplicaFailed", f"Replacing {pod.name}: {failure_text(r.failure, failure_detail(r))}", warning=True)
+    emit(s, EventReason.REPLICA_FAILED, f"Replacing {pod.name}: {failure_text(r.failure, failure_detail(r))}",
+         warning=True)
     if pod.published:
         s.actions.append(SetPublished(pod.name, pod.uid, False))
     if sidecar is None or not pod.ever_published or (
             sidecar.inflight == 0 and sidecar.state in (DrainState.FENCED, DrainState.DRAINED)):
         delete(s, pod)
     elif sidecar.state in (DrainState.SERVING, DrainState.SOFT_DRAIN):
-        s.actions.append(Drain(pod.name, drain_id(pod.uid), "fence"))
+        s.actions.append(Drain(pod.name, drain_id(pod.uid), DrainPhase.FENCE))
 
 
 def supersede_if_target_changed(s: Step, op: Operation | None) -> Operation | None:
     if op is None:
         return None
     if op.to != s.desired:
-        finish(s, op, Phase.SUPERSEDED, Reason.TARGET_CHANGED, f"spec.replicas changed to {s.desired}")
+        finish(s, op, OperationPhase.SUPERSEDED, ConditionReason.TARGET_CHANGED,
+               f"spec.replicas changed to {s.desired}")
         return None
     if op.type is OperationType.ROLLOUT and s.obs.spec.update_strategy.type == "OnDelete":
-        finish(s, op, Phase.SUPERSEDED, Reason.STRATEGY_CHANGED, "spec.updateStrategy.type is OnDelete")
+        finish(s, op, OperationPhase.SUPERSEDED, ConditionReason.STRATEGY_CHANGED,
+               "spec.updateStrategy.type is OnDelete")
         return None
     return op
 
@@ -198,9 +201,9 @@ def start(s: Step, type_: OperationType, serving: int) -> Operation:
     if type_ is OperationType.SCALE_OUT:
         added = [*added, *adopted(s, {a.name for a in added})]
     detail = f" to revision {s.revision}" if type_ is OperationType.ROLLOUT else ""
-    emit(s, f"{type_}Started", f"op-{s.op_count} {type_} {serving}->{s.desired}{detail}")
+    emit(s, EventReason.operation(type_, "Started"), f"op-{s.op_count} {type_} {serving}->{s.desired}{detail}")
     return Operation(
-        id=f"op-{s.op_count}", type=type_, from_=serving, to=s.desired, phase=Phase.PENDING,
+        id=f"op-{s.op_count}", type=type_, from_=serving, to=s.desired, phase=OperationPhase.PENDING,
         started_at=now, last_transition_time=now, added_pods=added,
         revision=s.revision if type_ is OperationType.ROLLOUT else "",
     )

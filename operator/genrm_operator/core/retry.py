@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..api.base import format_time
 from ..api.pool import GenRMPoolStatus
-from ..api.status import Condition, ConditionStatus, ConditionType, Reason
+from ..api.status import Condition, ConditionReason, ConditionStatus, ConditionType
 from .clock import stamp
 from .conditions import find, set_condition
 
@@ -89,7 +89,7 @@ def failed_status(status: GenRMPoolStatus, failures: Failures, generation: int, 
     message = (f"{failures.last.describe()} (failing since {format_time(stamp(failures.since))}; retried with "
                f"back-off up to {RETRY_MAX_SECONDS:g}s)")
     condition = set_condition(status.conditions, ConditionType.RECONCILE_FAILED, ConditionStatus.TRUE,
-                              Reason.RECONCILE_ERROR, message, now, generation)
+                              ConditionReason.RECONCILE_ERROR, message, now, generation)
     old = find(status.conditions, ConditionType.RECONCILE_FAILED)
     if old is not None and _same(old, condition):
         return status

@@ -3,7 +3,7 @@ an outdated one retired like a scale-in victim (CloudNativePG's ``cluster_upgrad
 
 from __future__ import annotations
 
-from ..api.status import ConditionType, Operation, Phase, Reason, Victim
+from ..api.status import ConditionReason, EventReason, Operation, OperationPhase, Victim
 from .classify import Replica, Role
 from .scale_in import advance_victims
 from .scale_out import create, may_create, noted_failures, publish_or_verify, retry_creates
@@ -31,14 +31,14 @@ def advance_rollout(s: Step, op: Operation) -> Operation | None:
     """
     strategy, paused = s.obs.spec.update_strategy.rolling_update, s.obs.spec.paused
     if op.revision != s.revision:
-        emit(s, "RolloutRetargeted", f"{op.id} continues to revision {s.revision}")
+        emit(s, EventReason.ROLLOUT_RETARGETED, f"{op.id} continues to revision {s.revision}")
         op = op.evolve(revision=s.revision)
     moved, phases, failure = advance_victims(s, op.victims)
     kept = [v for v, p in zip(moved, phases, strict=True) if p is not None]
     victim_phases = [p for p in phases if p is not None]
     op = op.evolve(victims=kept, replaced=op.replaced + len(moved) - len(kept))
     if failure:
-        finish(s, op, Phase.FAILED, Reason.DRAIN_TIMEOUT, failure)
+        finish(s, op, OperationPhase.FAILED, ConditionReason.DRAIN_TIMEOUT, failure)
         return None
     op = retry_creates(s, op, s.desired + strategy.max_surge)
     serving, starting, _ = counts(s, op)
@@ -65,40 +65,40 @@ def advance_rollout(s: Step, op: Operation) -> Operation | None:
         retire += [r for r in role(s, Role.DRAINING) if r.pod.name not in victims]
         retire += choose_victims([r for r in old if r.role is Role.SERVING], serving - floor, s.revision)
         if retire:
-            emit(s, "ReplicasRetiring", ", ".join(r.pod.name for r in retire))
+            emit(s, EventReason.REPLICAS_RETIRING, ", ".join(r.pod.name for r in retire))
             op = op.evolve(victims=[*op.victims, *(Victim(name=r.pod.name, uid=r.pod.uid,
                                                            needs_drain=r.pod.ever_published) for r in retire)])
             old = [r for r in old if r not in retire]
-            victim_phases += [Phase.UNPUBLISHING] * len(retire)
+            victim_phases += [OperationPhase.UNPUBLISHING] * len(retire)
     return finish_or_phase_rollout(s, op, old, waiting, verifying, surge_blocked, victim_phases)
 
 
 def finish_or_phase_rollout(s: Step, op: Operation, old: list[Replica], waiting: list[Replica], verifying: bool,
-                            surge_blocked: bool, victim_phases: list[Phase]) -> Operation | None:
+                            surge_blocked: bool, victim_phases: list[OperationPhase]) -> Operation | None:
     """Succeeded once no outdated replica is left; Partial on a failed replacement; else the phase."""
     serving, _, _ = counts(s, op)
     failure, failed = noted_failures(op)
     pending = pending_creates(s, op)
     progress = f"{op.replaced} replaced, {len(old) + len(op.victims)} outdated left, {serving}/{op.to} serving"
     if not old and not op.victims and serving >= op.to and not pending:
-        finish(s, op, Phase.SUCCEEDED, Reason.TARGET_REACHED,
+        finish(s, op, OperationPhase.SUCCEEDED, ConditionReason.TARGET_REACHED,
                f"{op.replaced} replica(s) replaced; every replica is on revision {s.revision}")
         return None
     if failure and not pending:
-        finish(s, op, Phase.PARTIAL, failure, failed)
+        finish(s, op, OperationPhase.PARTIAL, failure, failed)
         return None
     if victim_phases:
         phase = min(victim_phases, key=VICTIM_PHASES.index)
     elif verifying:
-        phase = Phase.VERIFYING
+        phase = OperationPhase.VERIFYING
     elif s.obs.spec.paused and not waiting and not pending:
-        phase = Phase.PAUSED
+        phase = OperationPhase.PAUSED
     else:
-        phase = Phase.PROVISIONING
+        phase = OperationPhase.PROVISIONING
     if surge_blocked and not op.victims and old and not s.obs.spec.paused:
         unschedulable = next((r.pod.unschedulable for r in waiting if r.pod.unschedulable), "")
         s.blocked = (f"no surge replica can start ({unschedulable or 'no room within maxSurge'}) and "
                      f"maxUnavailable={s.obs.spec.update_strategy.rolling_update.max_unavailable} "
                      "allows no outdated replica to drain first")
-        emit(s, ConditionType.ROLLOUT_BLOCKED, s.blocked, warning=True)
+        emit(s, EventReason.ROLLOUT_BLOCKED, s.blocked, warning=True)
     return set_phase(s, op, phase, progress)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from genrm_contract.sidecar import DrainState
 
-from ..api.status import AddedPod, Operation, Phase, Reason
+from ..api.status import AddedPod, ConditionReason, EventReason, Operation, OperationPhase
 from . import placement
 from .backoff import back_off
 from .classify import Replica, Role
@@ -46,20 +46,20 @@ def advance_scale_out(s: Step, op: Operation) -> Operation | None:
     waiting = role(s, Role.STARTING)
     pending = pending_creates(s, op)
     if serving >= op.to:
-        finish(s, op, Phase.SUCCEEDED, Reason.TARGET_REACHED, f"{serving} serving replicas")
+        finish(s, op, OperationPhase.SUCCEEDED, ConditionReason.TARGET_REACHED, f"{serving} serving replicas")
         return None
     if failure and not pending:
         # Not while a replacement's create is unobserved: once this operation is gone nothing
         # would count that pod, and a lagging index would make the next step create another.
-        finish(s, op, Phase.PARTIAL, failure, failed)
+        finish(s, op, OperationPhase.PARTIAL, failure, failed)
         return None
     if waiting and not rescuing and not pending and all(r.pod.unschedulable for r in waiting):
-        finish(s, op, Phase.PARTIAL, Reason.UNSCHEDULABLE, waiting[0].pod.unschedulable)
+        finish(s, op, OperationPhase.PARTIAL, ConditionReason.UNSCHEDULABLE, waiting[0].pod.unschedulable)
         return None
     if not waiting and not rescuing and not pending and shortfall > 0 and not releasing:
-        finish(s, op, Phase.PARTIAL, Reason.BACK_OFF, "waiting before creating replacement replicas")
+        finish(s, op, OperationPhase.PARTIAL, ConditionReason.BACK_OFF, "waiting before creating replacement replicas")
         return None
-    phase = Phase.VERIFYING if verifying and not pending else Phase.PROVISIONING
+    phase = OperationPhase.VERIFYING if verifying and not pending else OperationPhase.PROVISIONING
     waiting_for = f"; {releasing} more once leaving pods release their GPUs" if releasing else ""
     return set_phase(s, op, phase, f"{serving}/{op.to} serving{waiting_for}")
 
@@ -107,7 +107,7 @@ def rescue(s: Step, shortfall: int) -> int:
     chosen = candidates[: max(shortfall, 0)]
     for r in chosen:
         s.actions.append(Undrain(r.pod.name, drain_id(r.pod.uid)))
-        emit(s, "ReplicaRescued", f"Undraining {r.pod.name} instead of creating a pod")
+        emit(s, EventReason.REPLICA_RESCUED, f"Undraining {r.pod.name} instead of creating a pod")
     return len(chosen)
 
 
@@ -148,5 +148,5 @@ def publish_or_verify(s: Step, op: Operation, revision: str | None = None) -> bo
                                     placement.verification_context(r, reference, s.products)))
         elif pod.ready:
             s.actions.append(SetPublished(pod.name, pod.uid, True))
-            emit(s, "ReplicaPublished", f"{pod.name} is serving")
+            emit(s, EventReason.REPLICA_PUBLISHED, f"{pod.name} is serving")
     return verifying

@@ -14,13 +14,14 @@ from ..api.pool import GenRMPoolStatus
 from ..api.status import (
     HISTORY_LIMIT,
     AddedPod,
+    ConditionReason,
+    EventReason,
     HistoryEntry,
     Operation,
+    OperationPhase,
     OperationType,
     Outcome,
-    Phase,
     Placement,
-    Reason,
 )
 from . import placement
 from .children import template_revision
@@ -29,9 +30,9 @@ from .clock import stamp
 from .model import Action, DeletePod, Event, Observed, PodView
 
 NEVER_SERVED_GRACE_SECONDS = 2
-VICTIM_PHASES = [Phase.UNPUBLISHING, Phase.FENCING, Phase.DRAINING, Phase.REMOVING]
+VICTIM_PHASES = [OperationPhase.UNPUBLISHING, OperationPhase.FENCING, OperationPhase.DRAINING, OperationPhase.REMOVING]
 """A victim's phases in order: an operation with several victims is in the least advanced one."""
-WARNING_OUTCOMES = (Phase.PARTIAL, Phase.FAILED)
+WARNING_OUTCOMES = (OperationPhase.PARTIAL, OperationPhase.FAILED)
 """Ends the user must see: a Warning event, and the reason stays in Progressing and Degraded."""
 
 
@@ -45,7 +46,7 @@ def ordinal_of(pool: str, name: str) -> int | None:
 def failure_detail(r: Replica) -> str:
     """What a failed replica showed beyond its reason: a mismatch's verification message (both
     replicas with their nodes and GPU products, and the first answers that differ)."""
-    return r.pod.verification_message if r.failure == Reason.REPLICA_INCONSISTENT else ""
+    return r.pod.verification_message if r.failure == ConditionReason.REPLICA_INCONSISTENT else ""
 
 
 def failure_text(reason: str, detail: str) -> str:
@@ -114,7 +115,7 @@ def begin(obs: Observed) -> Step:
     )
 
 
-def emit(s: Step, reason: str, message: str, warning: bool = False) -> None:
+def emit(s: Step, reason: EventReason, message: str, warning: bool = False) -> None:
     s.events.append(Event("Warning" if warning else "Normal", reason, message))
 
 
@@ -159,7 +160,7 @@ def delete(s: Step, pod: PodView) -> None:
         s.actions.append(DeletePod(pod.name, pod.uid, NEVER_SERVED_GRACE_SECONDS, pod.resource_version))
 
 
-def set_phase(s: Step, op: Operation, phase: Phase, message: str = "") -> Operation:
+def set_phase(s: Step, op: Operation, phase: OperationPhase, message: str = "") -> Operation:
     """``op`` in ``phase`` (validated against its type).
 
     A phase change posts no Event: the phase is in ``status.operation``, and the Events are
@@ -187,5 +188,5 @@ def finish(s: Step, op: Operation, outcome: Outcome, reason: str, message: str) 
     ))
     s.history = s.history[-HISTORY_LIMIT:]
     warning = outcome in WARNING_OUTCOMES
-    emit(s, f"{op.type}{outcome}", f"{op.id} {op.type} {op.from_}->{op.to}: {outcome} ({reason}). {message}"
-         .strip(), warning)
+    emit(s, EventReason.operation(op.type, outcome),
+         f"{op.id} {op.type} {op.from_}->{op.to}: {outcome} ({reason}). {message}".strip(), warning)

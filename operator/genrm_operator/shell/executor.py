@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from genrm_contract.sidecar import DrainRequest, Phase, StateDocument, UndrainRequest
+from genrm_contract.sidecar import DrainPhase, DrainRequest, StateDocument, UndrainRequest
 from kubernetes.client.exceptions import ApiException
 
 from ..api.pool import GenRMPoolSpec
@@ -69,7 +69,7 @@ class Executor:
                                                    annotations)
                 case Drain(name=name, drain_id=drain_id, phase=phase) if name in endpoints:
                     self.reported(name, await self.sidecars.drain(endpoints[name], DrainRequest(
-                        drain_id=drain_id, phase=Phase(phase), quiet_seconds=spec.drain.quiet_seconds)))
+                        drain_id=drain_id, phase=DrainPhase(phase), quiet_seconds=spec.drain.quiet_seconds)))
                 case Undrain(name=name, drain_id=drain_id) if name in endpoints:
                     self.reported(name, await self.sidecars.undrain(endpoints[name], UndrainRequest(drain_id=drain_id)))
                 case Verify(name=name, uid=uid, reference=reference, context=context) if name in endpoints and (
