@@ -100,6 +100,10 @@ class _HeadRefused(Exception):
     """Raised inside a parser callback; the refusal itself waits on the protocol."""
 
 
+Refusal = tuple[int, RefusalReason, str]
+"""A refusal's status code, reason and message."""
+
+
 # How long a keep-alive connection must have been idle before a soft drain closes it. A client
 # that is busy reuses its connection within milliseconds and is better served by the
 # ``Connection: close`` on its next response than by a close racing its next request.
@@ -181,6 +185,92 @@ class Connections:
             connection.retire(now, idle_for)
 
 
+class _Timer:
+    """One of a connection's timers (head or body, write, age): armed at most once at a time,
+    disarmed when it fires or is cancelled."""
+
+    __slots__ = ("_handle", "_loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._handle: asyncio.TimerHandle | None = None
+
+    @property
+    def armed(self) -> bool:
+        return self._handle is not None
+
+    def arm(self, seconds: float, callback: Callable[..., None], *args: Any) -> None:
+        """Call ``callback(*args)`` in ``seconds``, unless already armed."""
+        if self._handle is None:
+            self._handle = self._loop.call_later(seconds, self._fire, callback, args)
+
+    def _fire(self, callback: Callable[..., None], args: tuple[Any, ...]) -> None:
+        self._handle = None
+        callback(*args)
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
+class _HeadChecks:
+    """The checks of one request head as llhttp parses it: its size and field count (while the
+    fields arrive, before the head is whole) and the framing rules llhttp leaves to its caller
+    (once it is whole). Each answers the refusal the head earns, or None."""
+
+    __slots__ = ("_codings", "_count", "_hosts", "_limits", "_size")
+
+    def __init__(self, limits: Limits) -> None:
+        self._limits = limits
+        self.reset()
+
+    def reset(self) -> None:
+        """A new request begins."""
+        self._count = self._hosts = 0
+        self._size = 0  # request line and fields as parsed (complete heads)
+        self._codings: list[bytes] = []
+
+    def url(self, url: bytes) -> None:
+        self._size += len(url)
+
+    def field(self, name: bytes, value: bytes, in_head: bool) -> Refusal | None:
+        """A header field, or (``in_head`` false) a field of a chunked body's trailer."""
+        self._count += 1
+        self._size += len(name) + len(value) + 4
+        if self._count > self._limits.max_headers:
+            return 431, RefusalReason.TOO_MANY_HEADERS, f"more than {self._limits.max_headers} header fields"
+        if self._size > self._limits.max_head_bytes:
+            return 431, RefusalReason.HEAD_TOO_LARGE, f"the request head exceeds {self._limits.max_head_bytes} bytes"
+        if in_head:
+            lowered = name.lower()
+            if lowered == b"host":
+                self._hosts += 1
+            elif lowered == b"transfer-encoding":
+                self._codings.append(value)
+        return None
+
+    def complete(self, parser: httptools.HttpRequestParser, pipelined: int) -> Refusal | None:
+        """The whole head, with ``pipelined`` requests parsed before it still waiting for their answers."""
+        if parser.should_upgrade():  # refused before the app ever sees the request
+            return 400, RefusalReason.BAD_REQUEST, "protocol upgrades are not supported"
+        if self._hosts > 1 or (self._hosts == 0 and parser.get_http_version() != "1.0"):
+            # RFC 9112 §3.2: an HTTP/1.1 request needs exactly one Host (llhttp does not check;
+            # h11, which the gateway's parsing is held to, refuses it).
+            return 400, RefusalReason.BAD_HOST, "an HTTP/1.1 request needs exactly one Host header"
+        if self._codings and b",".join(self._codings).strip().lower() != b"chunked":
+            # RFC 9112 §6.3: with any other coding the body's end is unknown; llhttp lets some
+            # through (a GET with "gzip" alone), h11 refuses them all, and so does the gateway.
+            return 400, RefusalReason.BAD_TRANSFER_ENCODING, "the only transfer coding accepted is chunked, alone"
+        if pipelined >= MAX_PIPELINED:
+            # Refused after the earlier answers, and parsing stops here: httptools has no way to
+            # stop between two requests of one read and go on later, and a client must retry
+            # the pipelined requests a close leaves unanswered (RFC 9112 §9.3.2).
+            return (503, RefusalReason.TOO_MANY_PIPELINED,
+                    f"more than {MAX_PIPELINED} requests sent ahead of their answers")
+        return None
+
+
 class GatewayProtocol(HttpToolsProtocol):
     """uvicorn's protocol plus head limits, a head timeout, the connection limit and retirement."""
 
@@ -195,18 +285,15 @@ class GatewayProtocol(HttpToolsProtocol):
         self._head_bytes = 0  # bytes received while a head (or a trailer) is incomplete (bounds memory)
         self._trailing = False  # after a chunk's size line, before its data: a trailer when the size was 0
         self._trailer_dropped = False
-        self._header_count = 0
-        self._hosts = 0
-        self._codings: list[bytes] = []
-        self._head_size = 0  # request line and fields as parsed (complete heads)
-        self._head_timer: asyncio.TimerHandle | None = None
-        self._refusal: tuple[int, RefusalReason, str] | None = None
+        self._checks = _HeadChecks(self._limits)
+        self._head_timer = _Timer(self.loop)  # the head timeout, or the body timeout of a body no one reads
+        self._refusal: Refusal | None = None
         self._deferred: bytes | None = None  # a refusal waiting for earlier pipelined answers
         self._running: RequestResponseCycle | None = None  # the request the app is answering
-        self._write_timer: asyncio.TimerHandle | None = None
+        self._write_timer = _Timer(self.loop)
         self._opened = time.monotonic()
         self._requests = 0
-        self._age_timer: asyncio.TimerHandle | None = None
+        self._age_timer = _Timer(self.loop)
         self.handback: HandBack | None = None
         # A new connection counts as busy: its client opened it to send a request right away,
         # which a close would race. It turns idle only after a response (else the head timeout).
@@ -223,7 +310,7 @@ class GatewayProtocol(HttpToolsProtocol):
         self._arm_head_timer()
         if self._traffic and (age := self._limits.max_connection_age_seconds) > 0:
             jittered = age * random.uniform(1 - AGE_JITTER, 1 + AGE_JITTER)
-            self._age_timer = self.loop.call_later(jittered, self.hand_back, HandBack.MAX_AGE)
+            self._age_timer.arm(jittered, self.hand_back, HandBack.MAX_AGE)
 
     def pause_writing(self) -> None:
         """The client stopped reading (the socket's buffer is full): it has the write timeout to resume.
@@ -232,28 +319,22 @@ class GatewayProtocol(HttpToolsProtocol):
         and pipelined ones included, and a request that does not fill the buffer pays nothing.
         """
         super().pause_writing()
-        if self._write_timer is None:
-            self._write_timer = self.loop.call_later(self._limits.write_timeout_seconds, self._write_timed_out)
+        self._write_timer.arm(self._limits.write_timeout_seconds, self._write_timed_out)
 
     def resume_writing(self) -> None:
         super().resume_writing()
-        if self._write_timer is not None:
-            self._write_timer.cancel()
-            self._write_timer = None
+        self._write_timer.cancel()
 
     def _write_timed_out(self) -> None:
         """Cut the client: an abort drops what is buffered for it (a close would wait to flush it),
         and the request learns its client is gone, so its engine work is aborted too."""
-        self._write_timer = None
         self.registry.refused(RefusalReason.WRITE_TIMEOUT)
         self.transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._write_timer is not None:
-            self._write_timer.cancel()
-        if self._age_timer is not None:
-            self._age_timer.cancel()
-        self._cancel_head_timer()
+        self._write_timer.cancel()
+        self._age_timer.cancel()
+        self._head_timer.cancel()
         self.registry.discard(self)
         running = self._running
         if running is not None and running is not self.cycle and not running.response_complete:
@@ -280,7 +361,7 @@ class GatewayProtocol(HttpToolsProtocol):
             if (self._reading_head or self._trailing) and self._head_bytes > self._limits.max_head_bytes:
                 self._refuse(431, RefusalReason.HEAD_TOO_LARGE,
                              f"the request head exceeds {self._limits.max_head_bytes} bytes")
-            elif self.timeout_keep_alive_task is None and self._head_timer is None and (
+            elif self.timeout_keep_alive_task is None and not self._head_timer.armed and (
                     self.cycle is None or self.cycle.response_complete):
                 # Bytes that begin no request (a bare CRLF) or end one nobody reads (the body of
                 # a refused request) cancelled the keep-alive timer, and no request's timeouts
@@ -291,31 +372,19 @@ class GatewayProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._idle_since = None
-        self._header_count = self._head_size = self._hosts = 0
-        self._codings = []
+        self._checks.reset()
         self._trailer_dropped = False
         self._arm_head_timer()
 
     def on_url(self, url: bytes) -> None:
-        self._head_size += len(url)
+        self._checks.url(url)
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_count += 1
-        self._head_size += len(name) + len(value) + 4
-        if self._header_count > self._limits.max_headers:
-            self._refusal = (431, RefusalReason.TOO_MANY_HEADERS, f"more than {self._limits.max_headers} header fields")
-            raise _HeadRefused
-        if self._head_size > self._limits.max_head_bytes:
-            self._refusal = (431, RefusalReason.HEAD_TOO_LARGE,
-                             f"the request head exceeds {self._limits.max_head_bytes} bytes")
+        if (refusal := self._checks.field(name, value, self._reading_head)) is not None:
+            self._refusal = refusal
             raise _HeadRefused
         if self._reading_head:
-            lowered = name.lower()
-            if lowered == b"host":
-                self._hosts += 1
-            elif lowered == b"transfer-encoding":
-                self._codings.append(value)
             super().on_header(name, value)
         elif not self._trailer_dropped:
             # A field of a chunked body's trailer: uvicorn would add it to the request's headers,
@@ -341,27 +410,9 @@ class GatewayProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._reading_head = False
         self._head_bytes = 0
-        self._cancel_head_timer()
-        if self.parser.should_upgrade():  # refused before the app ever sees the request
-            self._refusal = (400, RefusalReason.BAD_REQUEST, "protocol upgrades are not supported")
-            raise _HeadRefused
-        if self._hosts > 1 or (self._hosts == 0 and self.parser.get_http_version() != "1.0"):
-            # RFC 9112 §3.2: an HTTP/1.1 request needs exactly one Host (llhttp does not check;
-            # h11, which the gateway's parsing is held to, refuses it).
-            self._refusal = (400, RefusalReason.BAD_HOST, "an HTTP/1.1 request needs exactly one Host header")
-            raise _HeadRefused
-        if self._codings and b",".join(self._codings).strip().lower() != b"chunked":
-            # RFC 9112 §6.3: with any other coding the body's end is unknown; llhttp lets some
-            # through (a GET with "gzip" alone), h11 refuses them all, and so does the gateway.
-            self._refusal = (400, RefusalReason.BAD_TRANSFER_ENCODING,
-                             "the only transfer coding accepted is chunked, alone")
-            raise _HeadRefused
-        if len(self.pipeline) >= MAX_PIPELINED:
-            # Refused after the earlier answers, and parsing stops here: httptools has no way to
-            # stop between two requests of one read and go on later, and a client must retry
-            # the pipelined requests a close leaves unanswered (RFC 9112 §9.3.2).
-            self._refusal = (503, RefusalReason.TOO_MANY_PIPELINED,
-                             f"more than {MAX_PIPELINED} requests sent ahead of their answers")
+        self._head_timer.cancel()
+        if (refusal := self._checks.complete(self.parser, len(self.pipeline))) is not None:
+            self._refusal = refusal
             raise _HeadRefused
         super().on_headers_complete()
         self._requests += 1
@@ -374,7 +425,7 @@ class GatewayProtocol(HttpToolsProtocol):
         if self.cycle is not None and self.cycle.response_complete and self.timeout_keep_alive_task is None:
             # Answered before its body ended (a refusal): idle now, under the keep-alive timeout,
             # as uvicorn would have it after the answer had the body's bytes not cancelled it.
-            self._cancel_head_timer()
+            self._head_timer.cancel()
             self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
                                                                 self.timeout_keep_alive_handler)
 
@@ -403,9 +454,7 @@ class GatewayProtocol(HttpToolsProtocol):
         if self.handback is not None or self.transport.is_closing():
             return
         self.handback = reason
-        if self._age_timer is not None:
-            self._age_timer.cancel()
-            self._age_timer = None
+        self._age_timer.cancel()
         self.registry.marked.add(self)
         self.registry.handed_back(reason)
         cycle = self.cycle
@@ -428,7 +477,7 @@ class GatewayProtocol(HttpToolsProtocol):
         come after whole requests that are still being answered (pipelining), those answers go
         out first, and the refusal after them.
         """
-        self._cancel_head_timer()
+        self._head_timer.cancel()
         self.registry.refused(reason)
         if self.transport.is_closing() or self._deferred is not None:
             return
@@ -446,17 +495,11 @@ class GatewayProtocol(HttpToolsProtocol):
 
     def _arm_head_timer(self) -> None:
         """The head timeout, or, for the rest of a body no one reads, the body timeout."""
-        if self._head_timer is None:
+        if not self._head_timer.armed:
             seconds = self._limits.head_timeout_seconds if self._reading_head else self._limits.body_timeout_seconds
-            self._head_timer = self.loop.call_later(seconds, self._head_timed_out)
-
-    def _cancel_head_timer(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+            self._head_timer.arm(seconds, self._head_timed_out)
 
     def _head_timed_out(self) -> None:
-        self._head_timer = None
         if self.transport.is_closing():
             return
         if not self._reading_head:
