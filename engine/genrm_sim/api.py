@@ -23,7 +23,7 @@ from fastapi.responses import StreamingResponse
 from fastapi.routing import APIRoute
 from starlette.background import BackgroundTask
 
-from genrm_sim import contract
+from genrm_sim import contract, info
 from genrm_sim.answers import Answer, AnswerKey, SamplingParams, count_prompt_tokens, judge_answer, reward_score
 from genrm_sim.auth import ApiKeyMiddleware
 from genrm_sim.config import SimConfig
@@ -43,7 +43,6 @@ from genrm_sim.dialects import (
 from genrm_sim.metrics import SimMetrics
 from genrm_sim.model import DuplicateRequest, Job, Scheduler
 
-SIM_VERSION = f"{contract.load().version}+genrm-sim"
 HEALTH_CHECK_RID_PREFIX = "HEALTH_CHECK"
 # SGLang's /health generation: one greedy token for input_ids=[0], left out of the request metrics.
 _HEALTH_PROBE = judge_answer(AnswerKey("health", True), [0], SamplingParams(temperature=0.0, max_new_tokens=1), 0)
@@ -83,7 +82,8 @@ class Simulator:
         self.metrics.watch(self.scheduler)
         self._key = AnswerKey(config.served_model_name, config.enable_deterministic_inference, config.perturb)
         self._failures = random.Random(config.random_seed)
-        self._started = time.time()
+        self.started = time.time()
+        """When the simulator started (``/server_info``'s ``startup_time``)."""
         self.health_timeout = contract.load().health_check_timeout_seconds
         """SGLang's HEALTH_CHECK_TIMEOUT: how long /health waits for output before answering 503."""
 
@@ -316,54 +316,6 @@ class Simulator:
                 await task
             self.scheduler.release(probe)
 
-    def model_info(self) -> dict[str, Any]:
-        generation = self.config.is_generation
-        return {
-            "model_path": self.config.model_path,
-            "served_model_name": self.config.served_model_name,
-            "tokenizer_path": self.config.model_path,
-            "is_generation": generation,
-            "preferred_sampling_params": None,
-            "weight_version": self.config.revision or "default",
-            "load_format": "auto",
-            "reasoning_parser": None,
-            "tool_call_parser": None,
-            "disaggregation_mode": "null",
-            "has_image_understanding": False,
-            "has_audio_understanding": False,
-            "model_type": "llama",
-            "architectures": ["LlamaForCausalLM" if generation else "LlamaForSequenceClassification"],
-        }
-
-    def server_info(self) -> dict[str, Any]:
-        return self.config.server_args() | {
-            "startup_time": self._started,
-            "internal_states": [{"dp_rank": 0, "num_running_reqs": self.scheduler.running}],
-            "version": SIM_VERSION,
-            "frontend": "python",
-        }
-
-    def loads(self) -> dict[str, Any]:
-        """SGLang's ``/v1/loads`` (JSON, all DP ranks, core section only)."""
-        scheduler, config = self.scheduler, self.config
-        used = scheduler.used_tokens
-        return {
-            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
-            "version": SIM_VERSION,
-            "accelerator": None,
-            "num_accelerators": config.tp_size,
-            "loads": [{
-                "timestamp": time.time(), "dp_rank": 0,
-                "num_running_reqs": scheduler.running, "num_waiting_reqs": scheduler.queued,
-                "num_waiting_uncached_tokens": 0, "num_used_tokens": used, "num_total_tokens": used,
-                "num_active_tokens": used, "num_prealloc_ready_tokens": 0,
-                "max_total_num_tokens": config.max_total_tokens, "max_running_requests": config.max_running,
-                "token_usage": used / config.max_total_tokens, "gen_throughput": self.metrics.throughput(),
-                "cache_hit_rate": 0.0, "utilization": scheduler.running / config.max_running,
-                "total_prefill_uncached_tokens": 0, "total_prefill_busy_us": 0, "decode_moments": None,
-            }],
-        }
-
 
 def _not_modelled(path: str) -> Callable[[], Awaitable[Response]]:
     async def answer() -> Response:
@@ -412,12 +364,12 @@ def create_app(config: SimConfig) -> tuple[FastAPI, Simulator]:
     @app.get("/model_info")
     @app.get("/get_model_info")
     async def model_info() -> Response:
-        return _json(sim.model_info())
+        return _json(info.model_info(config))
 
     @app.get("/server_info")
     @app.get("/get_server_info")
     async def server_info() -> Response:
-        return _json(sim.server_info())
+        return _json(info.server_info(config, sim.scheduler, sim.started))
 
     @app.get("/v1/models")
     async def models() -> Response:
@@ -427,7 +379,7 @@ def create_app(config: SimConfig) -> tuple[FastAPI, Simulator]:
 
     @app.get("/v1/loads")
     async def loads() -> Response:
-        return _json(sim.loads())
+        return _json(info.loads(config, sim.scheduler, sim.metrics))
 
     @app.api_route("/", methods=["GET", "HEAD"])
     async def root() -> Response:
