@@ -112,6 +112,26 @@ class Container:
             state["signal"] = -code
         return state
 
+    def exited(self, code: int, now: float, restart_policy: str) -> None:
+        """The current run ended with ``code``: done, or (by the pod's restart policy) waiting
+        out its back-off before the next run."""
+        terminated = self.terminated(code)
+        self.proc = None
+        self.probes = {}
+        restart = (self.kind == "sidecar" or (restart_policy == "Always" and self.kind == "main")
+                   or (restart_policy != "Never" and code != 0))
+        if not restart:
+            self.state, self.done = {"terminated": terminated}, True
+            return
+        if now - self.started_at >= BACKOFF_RESET_AFTER:
+            self.backoff = BACKOFF_INITIAL
+        self.last_state = {"terminated": terminated}
+        self.restart_count += 1
+        self.next_start_at = now + self.backoff
+        self.state = {"waiting": {"reason": "CrashLoopBackOff",
+                                  "message": f"back-off {self.backoff:.0f}s restarting failed container"}}
+        self.backoff = min(self.backoff * 2, BACKOFF_MAX)
+
     def status(self) -> JSON:
         status: JSON = {
             "name": self.name, "image": self.spec.get("image", ""), "imageID": "",
@@ -123,6 +143,18 @@ class Container:
         if self.last_state:
             status["lastState"] = self.last_state
         return status
+
+
+def active_containers(containers: list[Container]) -> list[Container]:
+    """Containers that should be running now: init containers gate everything after them."""
+    active = []
+    for c in containers:
+        active.append(c)
+        if c.kind == "init" and not (c.done and c.state.get("terminated", {}).get("exitCode") == 0):
+            break
+        if c.kind == "sidecar" and not c.started:
+            break
+    return active
 
 
 class PodRunner:
@@ -222,7 +254,7 @@ class PodRunner:
         now = time.monotonic()
         if self.phase in ("Succeeded", "Failed"):
             return
-        for c in self._active_containers():
+        for c in active_containers(self.containers):
             if c.proc is None or not c.running:
                 if c.proc is not None:
                     self._on_exit(c, now)
@@ -232,17 +264,6 @@ class PodRunner:
                 self._run_probes(c, now)
         self._update_phase()
         self._report()
-
-    def _active_containers(self) -> list[Container]:
-        """Containers that should be running now: init containers gate everything after them."""
-        active = []
-        for c in self.containers:
-            active.append(c)
-            if c.kind == "init" and not (c.done and c.state.get("terminated", {}).get("exitCode") == 0):
-                break
-            if c.kind == "sidecar" and not c.started:
-                break
-        return active
 
     def _start_container(self, c: Container, now: float) -> None:
         assert self.files is not None and self.netns is not None
@@ -265,23 +286,7 @@ class PodRunner:
     def _on_exit(self, c: Container, now: float) -> None:
         assert c.proc is not None
         procutil.stop_group(c.proc, grace_seconds=0.0)  # reap leftovers of the container's group
-        code = c.proc.wait()
-        terminated = c.terminated(code)
-        c.proc = None
-        c.probes = {}
-        restart = (c.kind == "sidecar" or (self.restart_policy == "Always" and c.kind == "main")
-                   or (self.restart_policy != "Never" and code != 0))
-        if not restart:
-            c.state, c.done = {"terminated": terminated}, True
-            return
-        if now - c.started_at >= BACKOFF_RESET_AFTER:
-            c.backoff = BACKOFF_INITIAL
-        c.last_state = {"terminated": terminated}
-        c.restart_count += 1
-        c.next_start_at = now + c.backoff
-        c.state = {"waiting": {"reason": "CrashLoopBackOff",
-                               "message": f"back-off {c.backoff:.0f}s restarting failed container"}}
-        c.backoff = min(c.backoff * 2, BACKOFF_MAX)
+        c.exited(c.proc.wait(), now, self.restart_policy)
 
     def _run_probes(self, c: Container, now: float) -> None:
         assert self.netns is not None
