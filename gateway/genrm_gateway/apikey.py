@@ -37,7 +37,10 @@ def checked(raw: str, source: str) -> str:
     """The key without surrounding whitespace (a Secret made from a file often ends in a newline).
 
     It must be visible ASCII: it travels in an ``Authorization`` header, which can carry no line
-    break and, at its ends, no space; ``source`` names where it came from (the key is never shown).
+    break and, at its ends, no space. It must not begin with ``-``: SGLang turns its ``--config``
+    file into the arguments ``--api-key <key>``, and its parser takes such a value for a flag and
+    exits ("expected one argument"), so the engine would crash-loop (``secrets.token_urlsafe``
+    begins a key with ``-`` once in 64). ``source`` names where it came from (the key is never shown).
     """
     key = raw.strip()
     if not key:
@@ -45,16 +48,31 @@ def checked(raw: str, source: str) -> str:
     if not all("!" <= char <= "~" for char in key):
         raise ValueError(f"the API key in {source} must be visible ASCII characters only (no spaces, no "
                          "control or non-ASCII characters): it is sent as an HTTP header")
+    if key.startswith("-"):
+        raise ValueError(f"the API key in {source} must not begin with '-': SGLang's argument parser would "
+                         "read it as a flag and the engine would not start")
     return key
 
 
 def write_engine_files(directory: Path, key: str) -> None:
-    """The engine's ``--config`` file and the gateway's key file (the init container's work)."""
-    config = directory / ENGINE_CONFIG_FILE
-    config.write_text(yaml.safe_dump({"api-key": key}))
-    (directory / ENGINE_KEY_FILE).write_text(key)
-    for path in (config, directory / ENGINE_KEY_FILE):
-        os.chmod(path, FILE_MODE)
+    """The engine's ``--config`` file and the gateway's key file (the init container's work).
+
+    Again and again if need be: when a pod's sandbox is recreated its init containers run again
+    over the same ``emptyDir``, where the files of the first run are read-only to their owner (a
+    non-root user cannot open them for writing). So each file is written beside its place and
+    renamed over it, which needs only the directory's write permission, and a reader never sees a
+    half-written key.
+    """
+    _replace(directory / ENGINE_CONFIG_FILE, yaml.safe_dump({"api-key": key}))
+    _replace(directory / ENGINE_KEY_FILE, key)
+
+
+def _replace(path: Path, text: str) -> None:
+    temporary = path.with_name(f".{path.name}.new")
+    temporary.unlink(missing_ok=True)  # left by a run that stopped between writing and renaming
+    temporary.write_text(text)
+    os.chmod(temporary, FILE_MODE)
+    os.replace(temporary, path)
 
 
 def read_key_file(path: str) -> str:

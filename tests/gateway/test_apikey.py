@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -79,7 +81,7 @@ def test_the_init_container_writes_one_key_for_the_engine_and_the_gateway(key_di
     assert {stat.S_IMODE(path.stat().st_mode) for path in (config, key_file)} == {0o444}
 
 
-@pytest.mark.parametrize("raw", ["", " \n", "two words", "clé", "tab\there"])
+@pytest.mark.parametrize("raw", ["", " \n", "two words", "clé", "tab\there", "-dash-first"])
 def test_a_key_no_header_can_carry_is_refused_without_showing_it(
         raw: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENGINE_KEY_ENV, raw)
@@ -88,6 +90,40 @@ def test_a_key_no_header_can_carry_is_refused_without_showing_it(
     message = str(exited.value)
     assert ENGINE_KEY_ENV in message and (not raw.strip() or raw not in message)
     assert not list(tmp_path.iterdir())
+
+
+def test_a_key_beginning_with_a_dash_would_stop_the_engine(tmp_path: Path) -> None:
+    """Why ``engine-key`` refuses it: SGLang (and so the simulator) turns the file into ``--api-key
+    <key>`` and its parser reads ``-…`` as a flag, so the engine would crash-loop."""
+    config = tmp_path / ENGINE_CONFIG_FILE
+    config.write_text(yaml.safe_dump({"api-key": "-dash-first"}))
+    with pytest.raises(SystemExit):
+        sim_cli.parse_config(["--model-path", "m", "--config", str(config)])
+
+
+AS_THE_IMAGES_USER = """
+import os, sys
+from genrm_gateway import cli
+if os.geteuid() == 0:  # root may write over read-only files: become the image's user, once imported
+    os.setgroups([]); os.setgid(10001); os.setuid(10001)
+cli.main(["engine-key", "--dir", sys.argv[1]])
+"""
+
+
+def test_the_init_container_can_run_again_over_its_own_files() -> None:
+    """A recreated pod sandbox runs the init containers again over the same emptyDir, as the image's
+    non-root user, and the first run's files are read-only: the second run must still succeed."""
+    directory = Path(tempfile.mkdtemp())
+    try:
+        directory.chmod(0o777)  # an emptyDir's mode
+        for key in ("first-key", "second-key"):
+            subprocess.run([sys.executable, "-c", AS_THE_IMAGES_USER, str(directory)], check=True,
+                           env=os.environ | {ENGINE_KEY_ENV: key})
+        assert (directory / ENGINE_KEY_FILE).read_text() == "second-key"
+        assert yaml.safe_load((directory / ENGINE_CONFIG_FILE).read_text()) == {"api-key": "second-key"}
+        assert sorted(path.name for path in directory.iterdir()) == sorted([ENGINE_CONFIG_FILE, ENGINE_KEY_FILE])
+    finally:
+        shutil.rmtree(directory)
 
 
 def test_a_gateway_whose_key_file_is_unusable_does_not_start(tmp_path: Path) -> None:
