@@ -105,8 +105,8 @@ class ApiKeySource(ApiModel):
     """Where the engine's API key comes from."""
 
     secret_key_ref: SecretKeySelector
-    """A key of a Secret in the pool's namespace; its value (visible ASCII, surrounding whitespace ignored)
-    is the key."""
+    """A key of a Secret in the pool's namespace; its value (visible ASCII, surrounding whitespace ignored,
+    not starting with "-", which SGLang would read as a flag) is the key."""
 
 
 class EngineSpec(ApiModel):
