@@ -13,6 +13,7 @@ import secrets
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from genrm_contract.demand import DemandHint
 from genrm_contract.drained import DRAINED
 from genrm_contract.drained import STATE_PATH as STATE_PATH
 from genrm_contract.drained import TOKEN_ENV as TOKEN_ENV
@@ -50,6 +51,8 @@ DRAINING_HEADER = "x-genrm-draining"
 
 QUIET_SECONDS = 2
 """Fenced, empty and engine-idle this long counts as drained."""
+IDLE_REPORT_SECONDS = 1.0
+"""In-flight zero this long makes a replica report itself idle (``StateDocument.idle``)."""
 PROPAGATION_SECONDS = 5
 """Soft drain to fence: time for endpoints to stop routing to the replica."""
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -135,6 +138,8 @@ class RefusalReason(enum.StrEnum):
     """A chunked body's trailer fields were dropped, not forwarded (counted; the request goes on)."""
     # The drain API.
     DRAIN_CONFLICT = "drainConflict"
+    # Demand hints.
+    TOO_MANY_HINTS = "tooManyHints"
 
 
 class HandBack(enum.StrEnum):
@@ -217,6 +222,8 @@ class StateDocument(_Document):
     handing_back: int = Field(default=0, alias="handingBack", ge=0)
     """Connections marked for hand-back and still open (their clients have not reconnected yet): the
     operator counts them in the pool's total, or it would shed again for connections on their way."""
+    demand: tuple[DemandHint, ...] = ()
+    """The demand hints this gateway was sent and that have not expired (`genrm_contract.demand`)."""
     boot_id: str | None = Field(default=None, alias="bootId")
     """Changes when the gateway restarts: versions count from 1 again."""
     version: int | None = Field(default=None, ge=0)
@@ -225,13 +232,21 @@ class StateDocument(_Document):
     def wire(self) -> dict[str, object]:
         return self.model_dump(by_alias=True, mode="json")
 
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight for :data:`IDLE_REPORT_SECONDS` at least: what scale to zero waits on."""
+        return self.inflight == 0 and self.idle_since_seconds is not None \
+            and self.idle_since_seconds >= IDLE_REPORT_SECONDS
+
     def significant(self) -> tuple[object, ...]:
         """What the operator decides on: state, drain id, the engine's health, once fenced whether
-        anything is still in flight, and whether any client is connected (the operator balances
-        only pools that have clients). Load figures change all the time and are not part of it."""
+        anything is still in flight, whether any client is connected (the operator balances only
+        pools that have clients), whether the replica is idle (scale to zero) and its demand hints.
+        Load figures change all the time and are not part of it; idleness changes at most twice per
+        quiet spell, since it needs :data:`IDLE_REPORT_SECONDS` without a request to become true."""
         fenced_busy = self.inflight > 0 if self.state is DrainState.FENCED else None
         return (self.state, self.drain_id, self.engine.up, self.engine.healthy, fenced_busy,
-                bool(self.client_connections))
+                bool(self.client_connections), self.idle, tuple(self.demand))
 
     def newer_than(self, other: StateDocument | None) -> bool:
         """Whether this report supersedes ``other``: answers on separate connections may arrive out of

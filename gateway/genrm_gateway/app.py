@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from genrm_contract.demand import DEMAND_PATH
 from genrm_contract.sidecar import PROBE_PREFIX, DrainState, HandBack, RefusalReason
 from starlette.types import Receive, Scope, Send
 
@@ -22,6 +23,7 @@ from genrm_gateway.apikey import ClientAuth
 from genrm_gateway.config import GatewayConfig
 from genrm_gateway.connection import Connections, GatewayProtocol, protocol_class
 from genrm_gateway.control import authenticate, create_control_app
+from genrm_gateway.demand import DemandBoard
 from genrm_gateway.drain import DrainController
 from genrm_gateway.engine import EngineMonitor
 from genrm_gateway.errors import CLOSE_HEADER, Refusal
@@ -48,7 +50,9 @@ class Gateway:
                                      self.connections.retire)
         self.metrics = GatewayMetrics(self.admission, self.drain, self.engine, self.connections)
         self._proxy = Proxy(self.admission, self.drain, self.engine, self.pool, self.metrics, config.limits)
-        self._control = create_control_app(self.admission, self.drain, self.engine, self.metrics, self.connections)
+        self.demand = DemandBoard()
+        self._control = create_control_app(self.admission, self.drain, self.engine, self.metrics, self.connections,
+                                           self.demand)
         self._retirer: asyncio.Task[None] | None = None
 
     @property
@@ -85,6 +89,13 @@ class Gateway:
             return
         if route is not None:
             await self._proxy.handle(route, scope, receive, send)
+            return
+        if path == DEMAND_PATH:
+            try:
+                await self.demand.receive(scope, receive, send)
+            except Refusal as refused:
+                self.metrics.refused(refused.reason)
+                await send_error(send, refused.code, refused.reason, str(refused), refused.headers)
             return
         if path in BLOCKED_ENGINE_PATHS:
             code, reason = 403, RefusalReason.NOT_ALLOWED

@@ -20,6 +20,7 @@ import os
 import re
 
 from genrm_contract.sidecar import RefusalReason
+from starlette.types import Receive, Scope
 
 from genrm_gateway.config import Limits
 from genrm_gateway.errors import Refusal
@@ -181,3 +182,27 @@ def engine_body(body: bytes, limits: Limits, ids: RequestIds) -> tuple[bytes, st
         return b'{"rid":"' + engine_rid.encode() + (b'",' if rest[:1] != b"}" else b'"') + rest, engine_rid, echo
     payload["rid"] = engine_rid if size is None else member_rids(engine_rid, size)
     return json.dumps(payload, separators=(",", ":")).encode(), engine_rid if size is None else None, echo
+
+
+async def bounded_body(scope: Scope, receive: Receive, limit: int, what: str) -> bytes | None:
+    """A small body read whole (the control API's, a demand hint), or None when the client left.
+
+    A 413 that closes the connection as soon as the declared length or the bytes read pass
+    ``limit``: the rest is never read, so a large body costs nothing but the refusal."""
+    too_large = Refusal(413, RefusalReason.BODY_TOO_LARGE, f"{what} are at most {limit} bytes", close=True)
+    for name, value in scope["headers"]:
+        if name == b"content-length" and int(value) > limit:  # llhttp checked the digits
+            raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)

@@ -42,7 +42,9 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from genrm_gateway.admission import Admission
+from genrm_gateway.body import bounded_body
 from genrm_gateway.connection import Connections
+from genrm_gateway.demand import DemandBoard
 from genrm_gateway.drain import DrainConflict, DrainController
 from genrm_gateway.engine import EngineMonitor
 from genrm_gateway.errors import CLOSE_HEADER, REASON_HEADER, Refusal, error_body
@@ -97,10 +99,11 @@ class _Guard:
         try:
             if scope["path"] in self._protected:
                 authenticate(scope)
-            body = await _bounded_body(scope, receive)
+            body = await bounded_body(scope, receive, MAX_CONTROL_BODY_BYTES, "control bodies")
         except Refusal as refusal:
             self._refused(refusal.reason)
-            await send_error(send, refusal.code, refusal.reason, str(refusal), (*refusal.headers, CLOSE_HEADER))
+            headers = refusal.headers if CLOSE_HEADER in refusal.headers else (*refusal.headers, CLOSE_HEADER)
+            await send_error(send, refusal.code, refusal.reason, str(refusal), headers)
             return
         if body is None:  # the client left
             return
@@ -116,29 +119,8 @@ class _Guard:
         await self._app(scope, replay, send)
 
 
-async def _bounded_body(scope: Scope, receive: Receive) -> bytes | None:
-    """The whole body, or None when the client disconnected; a 413 past ``MAX_CONTROL_BODY_BYTES``."""
-    too_large = Refusal(413, RefusalReason.BODY_TOO_LARGE, f"control bodies are at most {MAX_CONTROL_BODY_BYTES} bytes")
-    for name, value in scope["headers"]:
-        if name == b"content-length" and int(value) > MAX_CONTROL_BODY_BYTES:  # llhttp checked the digits
-            raise too_large
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunk: bytes = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_CONTROL_BODY_BYTES:
-            raise too_large
-        chunks.append(chunk)
-        if not message.get("more_body"):
-            return b"".join(chunks)
-
-
 def create_control_app(admission: Admission, drain: DrainController, engine: EngineMonitor,
-                       metrics: GatewayMetrics, connections: Connections) -> FastAPI:
+                       metrics: GatewayMetrics, connections: Connections, demand: DemandBoard) -> FastAPI:
     app = FastAPI(title="genrm-gateway", docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
     authorized = [Depends(require_token)]
     versions = Versions()
@@ -153,7 +135,7 @@ def create_control_app(admission: Admission, drain: DrainController, engine: Eng
             engine=EngineReport(up=engine.up, healthy=engine.healthy, running_requests=load.running,
                                 queued_requests=load.queued, token_usage=load.token_usage),
             idle_since_seconds=None if idle is None else round(idle, 3),
-            client_connections=connections.kept, handing_back=len(connections.marked),
+            client_connections=connections.kept, handing_back=len(connections.marked), demand=demand.active(),
         ))
 
     @app.exception_handler(Refusal)
