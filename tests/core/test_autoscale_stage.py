@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from genrm_operator.api.status import AUTOSCALER_CONDITIONS, ConditionType
-from genrm_operator.core.model import MetricSamples
+from genrm_contract.demand import DemandHint
+from genrm_contract.sidecar import DrainState
+from genrm_operator.api.status import AUTOSCALER_CONDITIONS, ConditionType, EventReason
+from genrm_operator.core.model import MetricSamples, PodView, SidecarView
 from genrm_operator.core.reconcile import reconcile
 
 from .test_reconcile import NOW, make_spec, observe, serving_pod
@@ -69,3 +71,48 @@ def test_a_surge_replica_of_a_rollout_is_capacity_on_the_way_not_a_reason_to_sca
     plan = reconcile(replace(observe(make_spec(2, autoscaling=AUTO), [*outdated, surge]), metrics=samples))
     assert plan.status.operation is not None and plan.status.operation.type == "Rollout"
     assert plan.decision is not None and plan.decision.desired_replicas == 2
+
+
+ZERO = {**AUTO, "scaleToZero": {"idleSeconds": 60}, "demand": {"replicaRequestsPerSecond": "1"}}
+
+
+def _idle(since: float) -> SidecarView:
+    return SidecarView(DrainState.SERVING, 0, True, idle_from=since)
+
+
+def test_scale_to_zero_reads_every_replicas_own_idle_report_and_nothing_else() -> None:
+    pods = [serving_pod("judge-0"), serving_pod("judge-1")]
+    samples = MetricSamples({"judge-0": {"InFlight": 0.0}, "judge-1": {"InFlight": 0.0}})
+
+    def decided(sidecars: dict[str, SidecarView | None], extra: list[PodView] = []) -> int:  # noqa: B006
+        plan = reconcile(replace(observe(make_spec(2, autoscaling=ZERO), pods + extra, sidecars=sidecars),
+                                 metrics=samples))
+        assert plan.decision is not None
+        return plan.decision.desired_replicas
+
+    assert decided({"judge-0": _idle(NOW - 61), "judge-1": _idle(NOW - 70)}) == 0
+    assert decided({"judge-0": _idle(NOW - 61), "judge-1": _idle(NOW - 30)}) == 1, "idle for less than 60 s"
+    assert decided({"judge-0": _idle(NOW - 61), "judge-1": None}) == 1, "a replica not heard from is never idle"
+    busy = SidecarView(DrainState.SERVING, 3, True)
+    assert decided({"judge-0": _idle(NOW - 61), "judge-1": busy}) == 1
+    loading = serving_pod("judge-2", NOW - 5, ready=False, published=False, ever_published=False, verification="")
+    assert decided({"judge-0": _idle(NOW - 99), "judge-1": _idle(NOW - 99), "judge-2": None}, [loading]) == 1
+
+
+def test_hints_from_gateways_and_the_annotation_set_the_floor_and_a_bad_annotation_warns_once() -> None:
+    pods = [serving_pod("judge-0")]
+    samples = MetricSamples({"judge-0": {"InFlight": 1.0}})
+    sidecars: dict[str, SidecarView | None] = {"judge-0": SidecarView(
+        DrainState.SERVING, 1, True, demand=(DemandHint(id="rollout-9", requests=300, for_seconds=100),))}
+    obs = replace(observe(make_spec(1, autoscaling=ZERO), pods, sidecars=sidecars), metrics=samples,
+                  demand_annotation='{"id": "by-hand", "requests": 200, "forSeconds": 100}')
+    plan = reconcile(obs)
+    assert plan.decision is not None and plan.decision.desired_replicas == 5  # 3/s + 2/s at 1/s each
+    assert plan.status.autoscaler is not None
+    assert {h.id for h in plan.status.autoscaler.demand} == {"rollout-9", "by-hand"}
+    bad = replace(obs, demand_annotation="{oops", status=plan.status)
+    first = reconcile(bad)
+    assert [e.reason for e in first.events if e.reason == EventReason.DEMAND_HINT_INVALID] == \
+        [EventReason.DEMAND_HINT_INVALID]
+    again = reconcile(replace(bad, status=first.status, now=NOW + 5))
+    assert not [e for e in again.events if e.reason == EventReason.DEMAND_HINT_INVALID], "once per change"

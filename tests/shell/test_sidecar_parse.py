@@ -32,13 +32,26 @@ def state_document(state: DrainState, inflight: int = 4, healthy: bool = True,
 def test_every_drain_state_is_parsed(state: DrainState) -> None:
     document = parse_state(state_document(state))
     assert document is not None
-    assert view_of(document) == SidecarView(state=state, inflight=4, engine_healthy=True)
+    assert view_of(document, 100.0) == SidecarView(state=state, inflight=4, engine_healthy=True)
 
 
 def test_a_serving_sidecar_with_a_cold_engine_is_not_healthy() -> None:
     document = parse_state(state_document(DrainState.SERVING, inflight=0, healthy=False, drain_id=None))
     assert document is not None
-    assert view_of(document) == SidecarView(state=DrainState.SERVING, inflight=0, engine_healthy=False)
+    assert view_of(document, 100.0) == SidecarView(state=DrainState.SERVING, inflight=0, engine_healthy=False)
+
+
+def test_idleness_counts_from_the_report_and_only_once_the_gateway_calls_it_idle() -> None:
+    """Scale to zero reads ``idle_from``: on the operator's clock, from when the report arrived, and
+    None for a replica idle for less than the contract's report threshold (or busy)."""
+    wire = state_document(DrainState.SERVING, inflight=0) | {"idleSinceSeconds": 30.0}
+    document = parse_state(wire)
+    assert document is not None and document.idle
+    assert view_of(document, 1000.0).idle_from == 970.0
+    brief = parse_state(wire | {"idleSinceSeconds": 0.5})
+    assert brief is not None and view_of(brief, 1000.0).idle_from is None
+    busy = parse_state(wire | {"inflight": 1})
+    assert busy is not None and view_of(busy, 1000.0).idle_from is None
 
 
 def test_an_incomplete_document_is_unknown_never_idle() -> None:

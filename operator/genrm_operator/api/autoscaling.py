@@ -47,6 +47,8 @@ MAX_METRICS = 8
 MAX_RECOMMENDATIONS = 128
 MAX_SCALE_EVENTS = 64
 MAX_DECISIONS = 20
+MAX_ACTIVE_HINTS = 32
+MAX_SEEN_HINTS = 64
 WindowSeconds = Annotated[int, Field(ge=0, le=3600)]
 PeriodSeconds = Annotated[int, Field(ge=1, le=1800)]
 
@@ -309,6 +311,23 @@ _SPEC_CONFIG, _check_spec = _ruled(
 )
 
 
+class ScaleToZeroSpec(ApiModel):
+    """``spec.autoscaling.scaleToZero``: let an idle pool go to zero replicas (opt-in)."""
+
+    idle_seconds: int = Field(300, ge=30, le=86_400)
+    """The pool goes to zero only after every replica has reported nothing in flight for this long,
+    with no demand hint active and no replica starting. A replica that does not report (its gateway
+    unreachable, or a report not seen yet) is never idle, so missing data never empties a pool."""
+
+
+class DemandSpec(ApiModel):
+    """``spec.autoscaling.demand``: how demand hints become a replica floor (`genrm_contract.demand`)."""
+
+    replica_requests_per_second: PositiveQuantity = "4"
+    """Judge requests per second one replica serves at its target load: a hint of N requests over T
+    seconds holds the pool at ``ceil(N / T / this)`` replicas (at most maxReplicas) while it lasts."""
+
+
 class AutoscalingSpec(ApiModel):
     """``spec.autoscaling``: the built-in autoscaler, which writes ``spec.replicas`` in mode Auto."""
 
@@ -318,7 +337,9 @@ class AutoscalingSpec(ApiModel):
     """Off: no autoscaling. Advisory: compute and record decisions (status, events, metrics) without
     changing spec.replicas, to evaluate a configuration on live traffic. Auto: apply them."""
     min_replicas: int = Field(1, ge=1)
-    """Lower bound; at least 1, since missing data must never scale a pool towards zero."""
+    """Lower bound while the pool serves; at least 1, since missing data must never scale a pool
+    towards zero. Only ``scaleToZero`` takes an idle pool below it, and a pool woken from zero comes
+    back to at least this many."""
     max_replicas: int | None = Field(None, ge=1)
     """Upper bound (the GPU budget); required unless mode is Off."""
     interval_seconds: int = Field(5, ge=1, le=300)
@@ -336,6 +357,10 @@ class AutoscalingSpec(ApiModel):
     """Direct: scrape every replica's sidecar /metrics. Prometheus: query prometheusUrl instead."""
     prometheus_url: str | None = Field(None, pattern=r"^https?://", max_length=2048)
     """Base URL of the Prometheus HTTP API, for source Prometheus and Prometheus metrics."""
+    scale_to_zero: ScaleToZeroSpec | None = None
+    """Unset: never below minReplicas. Set: an idle pool goes to zero (see ScaleToZeroSpec)."""
+    demand: DemandSpec = Field(default_factory=DemandSpec)
+    """How demand hints are sized into a replica floor."""
 
     _checked = model_validator(mode="after")(_check_spec)
 
@@ -371,6 +396,21 @@ class MetricReading(ApiModel):
     """Replicas this metric alone asked for; unset when it gave no answer."""
 
 
+class ActiveHint(ApiModel):
+    """A demand hint the autoscaler holds the pool up for (`genrm_contract.demand.DemandHint`)."""
+
+    id: str = Field(max_length=63)
+    """The hint's id, as its sender named it."""
+    requests: int = Field(ge=1)
+    """About how many requests the announced phase sends."""
+    for_seconds: int = Field(ge=1)
+    """Over how many seconds."""
+    seen_at: Timestamp
+    """When the operator first saw it (RFC 3339): its lifetime counts from here."""
+    until: Timestamp
+    """When it expires (RFC 3339)."""
+
+
 class DecisionRecord(ApiModel):
     """One autoscaler decision, for `kubectl get -o yaml` forensics."""
 
@@ -386,6 +426,8 @@ class DecisionRecord(ApiModel):
     """What the metrics (or the fallback) asked for, before stabilization, rate policies and bounds."""
     limited_by: str | None = None
     """Which limiter changed the raw recommendation (a ScalingLimited or AbleToScale reason)."""
+    demand_floor: int | None = Field(None, ge=0)
+    """The replica floor the active demand hints asked for; unset when none was active."""
     desired_replicas: int = Field(ge=0)
     """The outcome."""
     result: DecisionResult
@@ -411,3 +453,12 @@ class AutoscalerStatus(ApiModel):
     """Applied changes inside the longest policy period."""
     decisions: tuple[DecisionRecord, ...] = Field((), max_length=MAX_DECISIONS)
     """The last decisions that changed something or were limited, oldest first."""
+    demand_floor: int | None = Field(None, ge=0)
+    """The replica floor the active demand hints hold the pool at; unset when no hint is active."""
+    demand: tuple[ActiveHint, ...] = Field((), max_length=MAX_ACTIVE_HINTS)
+    """The demand hints in force, oldest first."""
+    demand_seen: tuple[str, ...] = Field((), max_length=MAX_SEEN_HINTS)
+    """Ids of hints that expired, newest last: a gateway or an annotation still reporting one does
+    not start it again."""
+    demand_annotation_error: str | None = Field(None, max_length=1024)
+    """Why the pool's genrm.io/demand annotation was not taken as a hint; unset when it was (or is absent)."""

@@ -176,6 +176,7 @@ class EventReason(StrEnum):
     DRAIN_FORCED = "DrainForced"
     # Children and the autoscaler.
     CHILD_FAILED = "ChildFailed"
+    DEMAND_HINT_INVALID = "DemandHintInvalid"
     AUTOSCALER_OVERRIDDEN = "AutoscalerOverridden"
     SUCCESSFUL_RESCALE = "SuccessfulRescale"
     """The built-in autoscaler changed the replica count (HPA's reason)."""

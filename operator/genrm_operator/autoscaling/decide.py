@@ -17,7 +17,13 @@ Order of the stages, each of which may change the count and is then named in
    Queue, and following it would order replicas that are idle once the first ones serve
    (the cascade of Knative #4344, KServe #871; WVA and Dynamo hold the same way);
 6. unschedulable replicas stop any growth: more pods cannot schedule either;
-7. rate policies and bounds (:mod:`.policies`).
+7. rate policies and bounds (:mod:`.policies`);
+8. the demand floor (:mod:`.demand`): active demand hints hold the count up, past the
+   stabilization windows and rate policies, since the load they announce has not arrived yet.
+
+Scale to zero (opt-in, ``scaleToZero``) comes before all of them: a pool whose every replica has
+been idle for ``idleSeconds``, with no hint active, goes to zero, and a pool at zero stays there
+until a hint asks for replicas (then it wakes to at least ``minReplicas``).
 
 The function is pure: everything it remembers goes into the returned status, which the
 caller persists (in mode Auto after writing ``spec.replicas``).
@@ -39,6 +45,7 @@ from genrm_operator.api.autoscaling import (
 )
 from genrm_operator.api.status import Condition, ConditionReason, ConditionStatus, ConditionType
 
+from .demand import demand
 from .metrics import MetricOutcome, Tolerance, evaluate
 from .milli import MILLI, quantity_milli
 from .observation import Observation, ReplicaState
@@ -75,6 +82,7 @@ _INACTIVE = {
     "NoServingReplicas": "no replica is serving yet, so there is nothing to measure; holding",
     "FailedGetMetrics": "no driving metric could be read; holding until fallback.failureThreshold",
     "FallbackActive": "no driving metric could be read for fallback.failureThreshold intervals; applying it",
+    "ScaledToZero": "the pool is at zero replicas (scaleToZero); a demand hint wakes it",
 }
 _MESSAGES = {
     "ScaleUpStabilized": "recent recommendations were lower; applying the lowest in the up window",
@@ -87,6 +95,8 @@ _MESSAGES = {
     "Panic": "panic mode: no scale-down until the burst has passed",
     "Pending": "replicas added earlier are still starting; no further scale-up until they serve",
     "MetricsFailed": "a metric failed; scale-down is blocked until it reads again",
+    "DemandFloor": "a demand hint holds the pool at the floor it asked for",
+    "IdleToZero": "every replica has been idle for scaleToZero.idleSeconds and no demand hint is active",
 }
 
 
@@ -98,12 +108,25 @@ def decide(spec: AutoscalingSpec, observation: Observation, status: AutoscalerSt
     tolerance = Tolerance.of(spec.behavior)
     outcomes = tuple(evaluate(m, observation, tolerance) for m in spec.metrics)
     low, high = spec.min_replicas, spec.max_replicas
-    step = _Step(spec, observation, status, outcomes)
-    if current == 0:
+    hinted = demand(spec.demand, status, observation.hints, observation.now, high)
+    status = status.evolve(demand=hinted.active, demand_seen=hinted.seen, demand_floor=hinted.floor or None,
+                           demand_annotation_error=observation.hint_error)
+    step = _Step(spec, observation, status, outcomes, hinted.floor)
+    if current == 0 and spec.scale_to_zero is None:
         return step.conclude(current, current, "ScalingDisabled", inactive="ScalingDisabled")
-    if not low <= current <= high:
-        clamped = min(max(current, low), high)
-        return step.conclude(clamped, clamped, "TooManyReplicas" if current > high else "TooFewReplicas")
+    if current == 0:
+        if not hinted.floor:
+            return step.conclude(current, current, None, inactive="ScaledToZero")
+        woken = min(max(hinted.floor, low), high)
+        return step.conclude(woken, woken, "DemandFloor")
+    idle = observation.idle_seconds
+    if spec.scale_to_zero is not None and not hinted.floor and idle is not None \
+            and idle >= spec.scale_to_zero.idle_seconds:
+        return step.conclude(0, 0, "IdleToZero")
+    if not low <= current <= high or current < hinted.floor:
+        clamped = min(max(current, low, hinted.floor), high)
+        reason = "TooManyReplicas" if current > high else "TooFewReplicas" if current < low else "DemandFloor"
+        return step.conclude(clamped, clamped, reason)
     recommendation = recommend(spec, outcomes, current, status.consecutive_failures)
     step.status = status.evolve(consecutive_failures=recommendation.consecutive_failures)
     inactive = recommendation.reason if recommendation.reason in _INACTIVE else None
@@ -121,12 +144,14 @@ class _Step:
         observation: Observation,
         status: AutoscalerStatus,
         outcomes: tuple[MetricOutcome, ...],
+        floor: int,
     ) -> None:
         self.spec = spec
         self.observation = observation
         self.previous = status
         self.status = status
         self.outcomes = outcomes
+        self.floor = floor
         self.panicking = False
 
     def control(self, raw: int, reason: str | None, inactive: str | None) -> Decision:
@@ -155,6 +180,8 @@ class _Step:
         limited, limiter = limit(
             desired, current, (spec.min_replicas, spec.max_replicas), behavior, self.status.scale_events, now
         )
+        if limited < self.floor:
+            limited, limiter = self.floor, "DemandFloor"
         self.status = self.status.evolve(
             recommendations=remember(self.status.recommendations, raw, now, longest), panic_until=panic_until
         )
@@ -216,11 +243,12 @@ class _Step:
         decisions = self.previous.decisions
         last = decisions[-1] if decisions else None
         current = self.observation.current_replicas
-        summary = (current, raw, desired, limited_by)
+        floor = self.floor or None
+        summary = (current, raw, desired, limited_by, floor)
         if last is not None and (last.current_replicas, last.raw_recommendation, last.desired_replicas,
-                                 last.limited_by) == summary:
+                                 last.limited_by, last.demand_floor) == summary:
             return None
-        if last is None and summary == (current, current, current, None):
+        if last is None and summary == (current, current, current, None, None):
             return None
         result: DecisionResult = (
             "ScaleUp" if desired > current else "ScaleDown" if desired < current else "NoChange"
@@ -241,6 +269,7 @@ class _Step:
             metrics=readings,
             raw_recommendation=raw,
             limited_by=limited_by,
+            demand_floor=floor,
             desired_replicas=desired,
             result=result,
             applied=self.spec.mode == "Auto" and result != "NoChange",

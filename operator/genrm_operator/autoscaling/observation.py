@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
+from genrm_contract.demand import DemandHint
+
 
 class ReplicaState(StrEnum):
     """Where a replica is in its life, as far as capacity is concerned."""
@@ -46,7 +48,10 @@ class Observation:
     have, so replicas not created yet count as on the way); ``replicas`` the pods that exist;
     ``unschedulable`` how many of those the scheduler reported as Unschedulable;
     ``pool_values`` the (finite) value of each pool-level (Prometheus) metric, absent when the
-    query failed or returned nothing.
+    query failed or returned nothing; ``hints`` the demand hints reported now (by gateways and the
+    pool's annotation) and ``hint_error`` why the annotation was not taken; ``idle_seconds`` how
+    long every replica has had nothing in flight, None unless every one is serving, reported and
+    idle (so a replica not heard from keeps the pool up).
     """
 
     now: datetime
@@ -54,6 +59,9 @@ class Observation:
     replicas: Sequence[ReplicaSample] = ()
     unschedulable: int = 0
     pool_values: Mapping[str, float] = field(default_factory=dict)
+    hints: Sequence[DemandHint] = ()
+    hint_error: str | None = None
+    idle_seconds: float | None = None
 
     def count(self, state: ReplicaState) -> int:
         """How many replicas are in ``state``."""

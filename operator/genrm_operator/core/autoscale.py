@@ -14,9 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from genrm_contract.demand import DemandHint
+
 from ..api.autoscaling import AutoscalerStatus
 from ..api.status import AUTOSCALER_CONDITIONS, Condition, ConditionReason, ConditionStatus, ConditionType, EventReason
 from ..autoscaling import Decision, Observation, ReplicaSample, ReplicaState, decide
+from ..autoscaling.demand import annotation_hint
 from ..autoscaling.override import adopt, external_write
 from .classify import Replica, Role
 from .conditions import find, set_condition
@@ -48,21 +51,54 @@ def autoscale(obs: Observed, replicas: list[Replica]) -> Scaling:
     seen = observation(obs, replicas)
     memory = previous.autoscaler or AutoscalerStatus()
     external = external_write(spec, seen.current_replicas, previous.autoscaler)
+    events: tuple[Event, ...] = (Event("Warning", EventReason.AUTOSCALER_OVERRIDDEN,
+                                       f"spec.replicas set to {seen.current_replicas} by another writer; adopted as "
+                                       "the autoscaler's current count"),) if external else ()
     if external:
         memory = adopt(spec, memory, seen.current_replicas, seen.now)
     decision = decide(spec, seen, memory)
+    events = (*events, *_annotation_events(previous.autoscaler, decision))
     was_overridden = (c := find(previous.conditions, ConditionType.AUTOSCALER_OVERRIDDEN)) is not None \
         and c.status is ConditionStatus.TRUE
     overridden = external or (was_overridden and not decision.apply) if spec.mode == "Auto" else None
-    events = (Event("Warning", EventReason.AUTOSCALER_OVERRIDDEN,
-                    f"spec.replicas set to {seen.current_replicas} by another writer; adopted as the "
-                    "autoscaler's current count"),) if external else ()
     return Scaling(conditions(decision, overridden, obs), decision.status, decision, events)
+
+
+def _annotation_events(previous: AutoscalerStatus | None, decision: Decision) -> tuple[Event, ...]:
+    """A Warning when the pool's demand annotation newly stopped being a hint (once per change, not per interval)."""
+    error = decision.status.demand_annotation_error
+    if error is None or (previous is not None and previous.demand_annotation_error == error):
+        return ()
+    return (Event("Warning", EventReason.DEMAND_HINT_INVALID, f"annotation genrm.io/demand ignored: {error}"),)
+
+
+def reported_hints(obs: Observed) -> tuple[tuple[DemandHint, ...], str | None]:
+    """Every demand hint reported now (by the gateways, then the annotation), and why the annotation is no hint."""
+    annotated, error = annotation_hint(obs.demand_annotation)
+    hints = [h for view in obs.sidecars.values() if view is not None for h in view.demand]
+    return (*hints, *((annotated,) if annotated is not None else ())), error
+
+
+def idle_seconds(obs: Observed, replicas: list[Replica]) -> float | None:
+    """How long every replica has been idle: None when any replica is starting, not heard from or busy,
+    or when there is none (scale to zero never acts on what it cannot see)."""
+    froms: list[float] = []
+    for r in replicas:
+        if r.role is Role.STARTING:
+            return None
+        if r.role is not Role.SERVING:
+            continue
+        view = obs.sidecars.get(r.pod.name)
+        if view is None or view.idle_from is None:
+            return None
+        froms.append(view.idle_from)
+    return obs.now - max(froms) if froms else None
 
 
 def observation(obs: Observed, replicas: list[Replica]) -> Observation:
     """The control law's view of the pool: serving and starting replicas (draining ones are not capacity)."""
     samples = obs.metrics.per_replica if obs.metrics is not None else {}
+    hints, hint_error = reported_hints(obs)
     return Observation(
         now=datetime.fromtimestamp(obs.now, UTC),
         current_replicas=obs.spec.replicas,
@@ -73,6 +109,9 @@ def observation(obs: Observed, replicas: list[Replica]) -> Observation:
         ],
         unschedulable=sum(1 for r in replicas if r.role is Role.STARTING and r.pod.unschedulable),
         pool_values=dict(obs.metrics.pool) if obs.metrics is not None else {},
+        hints=hints,
+        hint_error=hint_error,
+        idle_seconds=idle_seconds(obs, replicas),
     )
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from genrm_contract.demand import DemandHint
 from genrm_contract.sidecar import DrainPhase, DrainState
 
 from ..api.pool import GenRMPoolSpec, GenRMPoolStatus
@@ -56,6 +57,11 @@ class SidecarView:
     state: DrainState
     inflight: int = 0
     engine_healthy: bool = False
+    idle_from: float | None = None
+    """Since when (seconds since the epoch, by the operator's clock) nothing has been in flight, as
+    of the report; None while the replica is busy or was not idle long enough to say so."""
+    demand: tuple[DemandHint, ...] = ()
+    """The demand hints the gateway was sent and holds."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,8 @@ class Observed:
     gpu_products: Mapping[str, str] = field(default_factory=dict)
     """GPU product by node name (the node label nvidia.com/gpu.product), for the nodes of the pool's
     pods that carry it (`placement`)."""
+    demand_annotation: str | None = None
+    """The pool's ``genrm.io/demand`` annotation, as written (a hint as JSON, `genrm_contract.demand`)."""
     children: ObservedChildren | None = None
     """The pool's Secret, Service and PodDisruptionBudget as watched; None: the step plans no
     children (the core tests' world has none)."""

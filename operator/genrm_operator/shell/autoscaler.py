@@ -61,13 +61,14 @@ class PoolAutoscaler:
         return max(0.0, self._last_decision + self._interval - time.monotonic())
 
     async def sample(self, scaling: AutoscalingSpec, published: Sequence[str],
-                     endpoints: Mapping[str, Endpoint]) -> MetricSamples | None:
-        """The samples of the published replicas when a decision is due; None when not (or when off)."""
+                     endpoints: Mapping[str, Endpoint], now: bool = False) -> MetricSamples | None:
+        """The samples of the published replicas when a decision is due (or ``now``: something the
+        decision must see at once, such as a new demand hint); None when not (or when off)."""
         if scaling.mode == "Off":
             self._interval = None
             return None
         self._interval = float(scaling.interval_seconds)
-        if self.seconds_until_due() > 0:
+        if self.seconds_until_due() > 0 and not now:
             return None
         values, pool_values = await self._sample(scaling, published, endpoints)
         return MetricSamples(values, pool_values)
@@ -98,6 +99,7 @@ class PoolAutoscaler:
         ns, pool = self.namespace, self.name
         metrics.AUTOSCALER_DESIRED.labels(ns, pool).set(decision.desired_replicas)
         metrics.AUTOSCALER_CURRENT.labels(ns, pool).set(decision.current_replicas)
+        metrics.AUTOSCALER_DEMAND_FLOOR.labels(ns, pool).set(decision.status.demand_floor or 0)
         for outcome in decision.metrics:
             metrics.AUTOSCALER_METRIC_TARGET.labels(ns, pool, outcome.key).set(outcome.target)
             if outcome.value is not None:

@@ -39,6 +39,9 @@ AUTOSCALER_DESIRED = Gauge("genrm_autoscaler_desired_replicas", "Replicas the au
                            ["namespace", "pool"])
 AUTOSCALER_CURRENT = Gauge("genrm_autoscaler_current_replicas", "spec.replicas when the autoscaler last decided.",
                            ["namespace", "pool"])
+AUTOSCALER_DEMAND_FLOOR = Gauge("genrm_autoscaler_demand_floor_replicas",
+                                "Replica floor the pool's active demand hints ask for (0: none active).",
+                                ["namespace", "pool"])
 AUTOSCALER_METRIC_VALUE = Gauge("genrm_autoscaler_metric_value",
                                 "Observed value of each autoscaling metric (per replica, or the query's value).",
                                 ["namespace", "pool", "metric"])
@@ -52,8 +55,8 @@ CONNECTIONS_SHED = Counter("genrm_pool_connections_shed_total",
                            "above the fair share of connections; load: above 1.5x the mean request rate).",
                            ["namespace", "pool", "reason"])
 PER_POOL = (RECONCILE_TOTAL, RECONCILE_ERRORS, RECONCILE_SECONDS, REPLICAS, OPERATIONS, OPERATION_SECONDS,
-            FORCED_DRAINS, VERIFICATION_FAILURES, AUTOSCALER_DESIRED, AUTOSCALER_CURRENT, AUTOSCALER_METRIC_VALUE,
-            AUTOSCALER_METRIC_TARGET, AUTOSCALER_DECISIONS, CONNECTIONS_SHED)
+            FORCED_DRAINS, VERIFICATION_FAILURES, AUTOSCALER_DESIRED, AUTOSCALER_CURRENT, AUTOSCALER_DEMAND_FLOOR,
+            AUTOSCALER_METRIC_VALUE, AUTOSCALER_METRIC_TARGET, AUTOSCALER_DECISIONS, CONNECTIONS_SHED)
 
 
 def start_pool(namespace: str, pool: str) -> None:

@@ -18,14 +18,18 @@ from observations and repeats idempotent actions.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
 from collections.abc import Callable
 
+from genrm_contract.demand import DEMAND_ANNOTATION
 from kubernetes.client.exceptions import ApiException
 
 from ..api.pool import GenRMPoolStatus
+from ..autoscaling.demand import is_new
+from ..core.autoscale import reported_hints
 from ..core.childrenplan import CHILD_FAILED
 from ..core.model import REPORT_DELAY_SECONDS, Event, Observed, deliver
 from ..core.reconcile import reconcile
@@ -213,12 +217,17 @@ class PoolReconciler:
         }
         views = self.observer.pod_views(pods)
         published = [v.name for v in views if v.published and not v.deleting]
+        sidecars = await self.watch.views(endpoints)
+        annotation = (meta.get("annotations") or {}).get(DEMAND_ANNOTATION)
         observed = Observed(
             name=self.name, generation=int(meta.get("generation", 0)), spec=spec, status=status,
-            pods=views, sidecars=await self.watch.views(endpoints), now=time.time(),
-            child_errors=child_errors, metrics=await self.autoscaler.sample(spec.autoscaling, published, endpoints),
+            pods=views, sidecars=sidecars, now=time.time(), child_errors=child_errors, demand_annotation=annotation,
             gpu_products=self.observer.products({v.node for v in views if v.node}), children=children,
         )
+        # A hint not seen before makes the decision due now: the load it announces is on its way.
+        new_hint = is_new(status.autoscaler, reported_hints(observed)[0])
+        samples = await self.autoscaler.sample(spec.autoscaling, published, endpoints, now=new_hint)
+        observed = dataclasses.replace(observed, metrics=samples)
         self._stage = "decide"
         plan = reconcile(observed)
         self.balancer.follow({n: endpoints[n] for n in published if n in endpoints}, self.watch.documents())

@@ -105,9 +105,12 @@ def parse_state(doc: Any) -> StateDocument | None:
         return None
 
 
-def view_of(document: StateDocument) -> SidecarView:
-    """The core's view of a sidecar's report."""
-    return SidecarView(state=document.state, inflight=document.inflight, engine_healthy=document.engine.healthy)
+def view_of(document: StateDocument, received_at: float) -> SidecarView:
+    """The core's view of a sidecar's report, received at ``received_at`` (seconds since the epoch)."""
+    idle_from = received_at - document.idle_since_seconds \
+        if document.idle and document.idle_since_seconds is not None else None
+    return SidecarView(state=document.state, inflight=document.inflight, engine_healthy=document.engine.healthy,
+                       idle_from=idle_from, demand=document.demand)
 
 
 class SidecarClient:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -37,6 +38,8 @@ class _Followed:
     endpoint: Endpoint
     task: asyncio.Task[None] | None = None
     document: StateDocument | None = None
+    received_at: float = 0.0
+    """When ``document`` arrived (seconds since the epoch): its idle time counts from then."""
     answered: asyncio.Event = field(default_factory=asyncio.Event)
     """Set once the first poll finished (with a report or a failure)."""
 
@@ -61,7 +64,8 @@ class SidecarWatch:
         if fresh:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*fresh), STATE_SECONDS + 1.0)
-        return {name: view_of(f.document) if f.document is not None else None for name, f in self._followed.items()}
+        return {name: view_of(f.document, f.received_at) if f.document is not None else None
+                for name, f in self._followed.items()}
 
     def documents(self) -> dict[str, StateDocument]:
         """The latest report of each followed replica that has answered."""
@@ -78,7 +82,7 @@ class SidecarWatch:
         old = followed.document
         if document is not None and not document.newer_than(old):
             return
-        followed.document = document
+        followed.document, followed.received_at = document, time.time()
         if (old is None) != (document is None) or (
                 old is not None and document is not None and old.significant() != document.significant()):
             self._on_change()
