@@ -140,6 +140,15 @@ class RefusalReason(enum.StrEnum):
     DRAIN_CONFLICT = "drainConflict"
     # Demand hints.
     TOO_MANY_HINTS = "tooManyHints"
+    # The activator (`genrm_contract.activator`), for a pool at zero.
+    UNKNOWN_POOL = "unknownPool"
+    """The request's Host is no pool the activator serves (404)."""
+    HOLD_QUEUE_FULL = "holdQueueFull"
+    """The pool already holds ``maxHeld`` requests (503, Retry-After)."""
+    HOLD_TIMEOUT = "holdTimeout"
+    """No replica served within ``holdTimeoutSeconds`` (503, Retry-After)."""
+    POOL_REMOVED = "poolRemoved"
+    """The pool's route went away while the request was held (503, Retry-After)."""
 
 
 class HandBack(enum.StrEnum):

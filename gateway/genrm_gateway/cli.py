@@ -1,5 +1,6 @@
-"""``genrm-gateway serve`` (the sidecar), ``genrm-gateway drain`` (its preStop hook) and
-``genrm-gateway engine-key`` (the init container of a key-protected pool).
+"""``genrm-gateway serve`` (the sidecar), ``genrm-gateway drain`` (its preStop hook),
+``genrm-gateway engine-key`` (the init container of a key-protected pool) and ``genrm-gateway
+activator`` (what a pool's Service points at while the pool is at zero).
 
 Every flag falls back to an environment variable, so the chart can configure the sidecar through
 env while tests and humans use flags. No flag takes an API key itself: a command line is visible to
@@ -19,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+from genrm_contract.drained import control_token
 from genrm_contract.sidecar import ENGINE_KEY_ENV
 
+from genrm_gateway.activator import Activator
 from genrm_gateway.apikey import checked, read_key_file, write_engine_files
 from genrm_gateway.app import Gateway
 from genrm_gateway.config import EngineAddress, GatewayConfig, Limits
@@ -81,6 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
     key = commands.add_parser("engine-key", help=f"write a key-protected engine's --config file and the gateway's "
                                                  f"key file from ${ENGINE_KEY_ENV} (the pod's init container)")
     key.add_argument("--dir", required=True, help="the pod's volume both files go to")
+
+    activator = commands.add_parser("activator", help="hold requests for pools at zero until a replica serves")
+    activator.add_argument("--host", default=_env("GENRM_ACTIVATOR_HOST", str, DEFAULTS.host))
+    activator.add_argument("--port", type=int, default=_env("GENRM_ACTIVATOR_PORT", int, DEFAULTS.port),
+                           help="held traffic (where the Service of a pool at zero points)")
+    activator.add_argument("--control-port", type=int,
+                           default=_env("GENRM_ACTIVATOR_CONTROL_PORT", int, DEFAULTS.control_port),
+                           help="the operator's routes and the held-request state (control token)")
+    _add_limits(activator)
 
     drain = commands.add_parser("drain", help="drain the local gateway (the preStop hook)")
     control_port_and_propagation(drain)
@@ -151,6 +163,24 @@ def serve(args: argparse.Namespace) -> None:
     server.run(sockets)
 
 
+def activate(args: argparse.Namespace) -> None:
+    """Run the activator. On SIGTERM uvicorn stops accepting and lets held requests finish: they are
+    answered when a replica serves or their hold times out, up to ``GRACEFUL_SHUTDOWN_SECONDS``."""
+    if args.port == args.control_port:
+        sys.exit("genrm-gateway activator: --port and --control-port must differ")
+    token = control_token()
+    if not token:
+        sys.exit("genrm-gateway activator: a control token is required (the operator's routes need it)")
+    limits = Limits(**{limit.name: getattr(args, limit.name) for limit in dataclasses.fields(Limits)})
+    ensure_open_files(limits.max_connections)
+    app = Activator(args.port, args.control_port, token, limits)
+    server = uvicorn.Server(uvicorn.Config(
+        app, loop="uvloop", http=app.protocol, ws="none", lifespan="on", log_level="warning", access_log=False,
+        server_header=False, proxy_headers=False, timeout_keep_alive=round(limits.keep_alive_seconds),
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS))
+    server.run([_listen(args.host, args.port), _listen(args.host, args.control_port)])
+
+
 def engine_key(args: argparse.Namespace) -> None:
     try:
         write_engine_files(Path(args.dir), checked(os.environ.get(ENGINE_KEY_ENV, ""), f"${ENGINE_KEY_ENV}"))
@@ -165,6 +195,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     if args.command == "engine-key":
         engine_key(args)
+        return
+    if args.command == "activator":
+        activate(args)
         return
     sys.exit(PreStopDrain(port=args.control_port, drain_id=args.drain_id, deadline_seconds=args.deadline_seconds,
                           propagation_seconds=args.propagation_seconds).run())

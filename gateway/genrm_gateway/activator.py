@@ -1,0 +1,240 @@
+"""The activator: where a pool's Service points while the pool has no serving replica.
+
+A request arrives, is told apart by its ``Host`` (the pool's ClusterIP or DNS name, as the operator
+pushed in the pool's :class:`~genrm_contract.activator.PoolRoute`), and is held until the route
+names a serving replica; the held count is in the state document the operator follows, so the
+operator wakes the pool at once. The request is then forwarded to a replica's gateway (admission,
+request ids and limits stay the gateway's job) and its answer streamed back with ``Connection:
+close``, so the client's next request opens a new connection, which the Service sends straight to
+a replica once the operator has taken the activator out of it: the activator is a hop only for the
+requests that arrived at zero.
+
+Bounded like the gateway, whose connection protocol it runs on its traffic port (head, body and
+connection limits, timers for every idle connection): a pool holds at most ``maxHeld`` requests
+(``503 holdQueueFull`` beyond), each at most ``holdTimeoutSeconds`` (``503 holdTimeout``), both
+with ``Retry-After``, and a body larger than the gateway's limit is refused before it is held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import itertools
+import json
+import secrets
+import time
+from dataclasses import dataclass, field
+
+import httpx
+from genrm_contract.activator import ROUTES_PATH, ActivatorState, PoolRoute, pool_key
+from genrm_contract.sidecar import MAX_WAIT_SECONDS, STATE_PATH, WAIT_PARAM, WATCH_TICK_SECONDS, RefusalReason
+from pydantic import ValidationError
+from starlette.types import Receive, Scope, Send
+
+from genrm_gateway.body import bounded_body
+from genrm_gateway.config import Limits
+from genrm_gateway.connection import Connections, GatewayProtocol, protocol_class
+from genrm_gateway.errors import CLOSE_HEADER, REASON_HEADER, Refusal, error_body
+
+# Hop-by-hop fields (RFC 9110 7.6.1) and the ones the forwarding client sets itself.
+_NOT_FORWARDED = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
+                            b"transfer-encoding", b"upgrade", b"host", b"content-length"})
+_NOT_RETURNED = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"content-length"})
+ROUTE_BODY_BYTES = 64 * 1024
+
+
+@dataclass
+class _Pool:
+    route: PoolRoute
+    held: int = 0
+    serving: asyncio.Event = field(default_factory=asyncio.Event)
+    turn: itertools.count[int] = field(default_factory=itertools.count)
+
+
+class Activator:
+    """The activator's ASGI app: held traffic on one port, the operator's routes and state on another."""
+
+    def __init__(self, port: int, control_port: int, token: str, limits: Limits) -> None:
+        self.port, self.control_port = port, control_port
+        self._token = token.encode()
+        self.connections = Connections(port, limits, lambda reason: None)
+        self._limits = limits
+        self._pools: dict[str, _Pool] = {}
+        self._hosts: dict[str, str] = {}
+        self._boot_id = secrets.token_hex(6)
+        self._version = 0
+        self._last_held: dict[str, int] = {}
+        self._http: httpx.AsyncClient | None = None
+
+    @property
+    def protocol(self) -> type[GatewayProtocol]:
+        return protocol_class(self.connections)
+
+    def state(self) -> ActivatorState:
+        """The held counts, versioned: the version grows when a pool starts or stops holding."""
+        held = {key: pool.held for key, pool in self._pools.items() if pool.held}
+        if set(held) != set(self._last_held) or any(held[k] > self._last_held[k] for k in held):
+            self._version += 1
+        self._last_held = held
+        return ActivatorState(held=held, boot_id=self._boot_id, version=self._version)
+
+    def set_route(self, key: str, route: PoolRoute) -> None:
+        """Serve ``key``'s clients by ``route`` (idempotent); held requests go as soon as it has targets."""
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = self._pools[key] = _Pool(route)
+        pool.route = route
+        self._hosts = {h: k for k, p in self._pools.items() for h in p.route.hosts}
+        if route.targets:
+            pool.serving.set()
+        else:
+            pool.serving.clear()
+
+    def delete_route(self, key: str) -> None:
+        """Forget ``key``: its held requests are refused as they wake (there is no replica to send them to)."""
+        pool = self._pools.pop(key, None)
+        if pool is not None:
+            pool.serving.set()
+        self._hosts = {h: k for k, p in self._pools.items() for h in p.route.hosts}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        try:
+            if scope["server"][1] == self.control_port:
+                await self._control(scope, receive, send)
+            else:
+                await self._traffic(scope, receive, send)
+        except Refusal as refusal:
+            await _answer(send, refusal.code, error_body(refusal.code, refusal.reason, str(refusal)),
+                          refusal.headers, reason=refusal.reason)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self._http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0),
+                                               limits=httpx.Limits(max_keepalive_connections=64))
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self._http is not None:
+                    await self._http.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _traffic(self, scope: Scope, receive: Receive, send: Send) -> None:
+        host = next((v.decode("latin-1").lower() for k, v in scope["headers"] if k == b"host"), "")
+        key = self._hosts.get(host)
+        if key is None:
+            raise Refusal(404, RefusalReason.UNKNOWN_POOL, "no pool at zero is reached as this host")
+        body = await bounded_body(scope, receive, self._limits.max_body_bytes, "request bodies")
+        if body is None:
+            return
+        pool = self._pools[key]
+        if not pool.serving.is_set():
+            await self._hold(pool)
+        current = self._pools.get(key)
+        if current is None or not current.route.targets:
+            raise Refusal(503, RefusalReason.POOL_REMOVED, "the pool's route was removed while the request was held",
+                          ((b"retry-after", b"1"),), close=True)
+        await self._forward(current, scope, body, send)
+
+    async def _hold(self, pool: _Pool) -> None:
+        """Wait for a serving replica, within the pool's bounds."""
+        route = pool.route
+        if pool.held >= route.max_held:
+            raise Refusal(503, RefusalReason.HOLD_QUEUE_FULL, f"{route.max_held} requests are already held for it",
+                          ((b"retry-after", b"1"),), close=True)
+        pool.held += 1
+        try:
+            await asyncio.wait_for(pool.serving.wait(), route.hold_timeout_seconds)
+        except TimeoutError:
+            raise Refusal(503, RefusalReason.HOLD_TIMEOUT, f"no replica served within {route.hold_timeout_seconds:g}s",
+                          ((b"retry-after", b"5"),), close=True) from None
+        finally:
+            pool.held -= 1
+
+    async def _forward(self, pool: _Pool, scope: Scope, body: bytes, send: Send) -> None:
+        """Send the request to one serving replica (the next one after a refused connection) and
+        stream its answer back, closing the client's connection after it."""
+        assert self._http is not None
+        headers = [(k, v) for k, v in scope["headers"] if k not in _NOT_FORWARDED]
+        path = scope["raw_path"].decode("latin-1") + (f"?{scope['query_string'].decode('latin-1')}"
+                                                      if scope["query_string"] else "")
+        targets = pool.route.targets
+        first = next(pool.turn)
+        for attempt in range(len(targets)):
+            target = targets[(first + attempt) % len(targets)]
+            request = self._http.build_request(scope["method"], f"http://{target}{path}", headers=headers,
+                                               content=body)
+            try:
+                answer = await self._http.send(request, stream=True)
+            except httpx.ConnectError:
+                continue  # never reached the replica: nothing was sent, another may take it
+            try:
+                start = [(k, v) for k, v in answer.headers.raw if k.lower() not in _NOT_RETURNED]
+                await send({"type": "http.response.start", "status": answer.status_code,
+                            "headers": [*start, CLOSE_HEADER]})
+                async for chunk in answer.aiter_raw():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b""})
+            finally:
+                await answer.aclose()
+            return
+        raise Refusal(503, RefusalReason.ENGINE_UNAVAILABLE, "no serving replica accepted the request",
+                      ((b"retry-after", b"1"),), close=True)
+
+    async def _control(self, scope: Scope, receive: Receive, send: Send) -> None:
+        authorization = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        if not hmac.compare_digest(authorization, b"Bearer " + self._token):
+            raise Refusal(401, RefusalReason.UNAUTHENTICATED, "the control token is required", close=True)
+        path, method = scope["path"], scope["method"]
+        if path == STATE_PATH and method == "GET":
+            await self._state(scope, send)
+            return
+        parts = path[len(ROUTES_PATH) + 1:].split("/") if path.startswith(ROUTES_PATH + "/") else []
+        if len(parts) != 2 or not all(parts):
+            raise Refusal(404, RefusalReason.NOT_FOUND, "no such route")
+        key = pool_key(*parts)
+        if method == "DELETE":
+            self.delete_route(key)
+        elif method == "PUT":
+            body = await bounded_body(scope, receive, ROUTE_BODY_BYTES, "routes")
+            if body is None:
+                return
+            try:
+                self.set_route(key, PoolRoute.model_validate_json(body))
+            except ValidationError as exc:
+                raise Refusal(400, RefusalReason.BAD_REQUEST, str(exc.errors()[0]["msg"])) from None
+        else:
+            raise Refusal(405, RefusalReason.METHOD_NOT_ALLOWED, "PUT or DELETE a route")
+        await _answer(send, 200, b'{"ok":true}')
+
+    async def _state(self, scope: Scope, send: Send) -> None:
+        """The state now, or (a long poll) once its version differs from the one asked about."""
+        query = dict(p.split("=", 1) for p in scope["query_string"].decode("latin-1").split("&") if "=" in p)
+        try:
+            version = int(query["version"]) if "version" in query else None
+            wait = min(max(float(query.get(WAIT_PARAM, "0")), 0.0), MAX_WAIT_SECONDS)
+        except ValueError:
+            raise Refusal(400, RefusalReason.BAD_REQUEST, "version and waitSeconds are numbers") from None
+        deadline = time.monotonic() + wait
+        state = self.state()
+        while version is not None and state.version == version and (left := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(min(WATCH_TICK_SECONDS, left))
+            state = self.state()
+        await _answer(send, 200, json.dumps(state.wire()).encode())
+
+
+async def _answer(send: Send, code: int, body: bytes, extra: tuple[tuple[bytes, bytes], ...] = (),
+                  reason: str | None = None) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]
+    if reason:
+        headers.append((REASON_HEADER, reason.encode()))
+    with contextlib.suppress(OSError):
+        await send({"type": "http.response.start", "status": code, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

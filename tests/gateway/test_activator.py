@@ -1,0 +1,161 @@
+"""The activator as a process, in front of a real gateway and simulator.
+
+Aspects: requests for a pool with no serving replica are held (not refused) and counted in the
+versioned state the operator long-polls; once the operator's route names a replica, every held
+request is forwarded and answered, with ``Connection: close`` so the client's next connection goes
+through the Service again; a pool's hold queue and hold time are bounded with a retryable 503
+(``holdQueueFull``, ``holdTimeout``, ``Retry-After``); a Host that is no known pool gets 404
+``unknownPool``; the control API wants the token; the client's API key goes through to the
+gateway untouched; a killed activator's held clients see their connection end without an answer
+(what the docs promise them).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import gateway_stack
+from genrm_contract.activator import ROUTES_PATH
+from genrm_testing import CONTROL_TOKEN, free_port, launched, wait_ready
+from test_apikey import BEARER, KEY, keyed_stack, write_key
+
+pytestmark = pytest.mark.timeout(60)
+AUTH = {"authorization": f"Bearer {CONTROL_TOKEN}"}
+HOST = "judge.rl.svc"
+
+
+@dataclass(frozen=True)
+class RunningActivator:
+    process: subprocess.Popen[bytes]
+    port: int
+    control_port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def control(self) -> str:
+        return f"http://127.0.0.1:{self.control_port}"
+
+    def route(self, targets: list[str], max_held: int = 64, hold_timeout: float = 30.0) -> None:
+        body = {"hosts": [HOST, f"{HOST}:8000"], "targets": targets, "maxHeld": max_held,
+                "holdTimeoutSeconds": hold_timeout}
+        answer = httpx.put(f"{self.control}{ROUTES_PATH}/rl/judge", json=body, headers=AUTH)
+        assert answer.status_code == 200, answer.text
+
+    def state(self, version: int | None = None, wait: float = 0.0) -> dict[str, object]:
+        params = {} if version is None else {"version": version, "waitSeconds": wait}
+        document: dict[str, object] = httpx.get(f"{self.control}/v1/state", params=params, headers=AUTH,
+                                                timeout=wait + 5).json()
+        return document
+
+
+@contextmanager
+def activator() -> Iterator[RunningActivator]:
+    port, control_port = free_port(), free_port()
+    command = [sys.executable, "-m", "genrm_gateway", "activator", "--host", "127.0.0.1", "--port", str(port),
+               "--control-port", str(control_port)]
+    with launched(command, env=os.environ | {"GENRM_CONTROL_TOKEN": CONTROL_TOKEN}) as proc:
+        running = RunningActivator(proc, port, control_port)
+        wait_ready(f"{running.control}/v1/state", status=401)
+        yield running
+
+
+def _send_all(url: str, count: int, headers: dict[str, str] | None = None) -> list[httpx.Response | Exception]:
+    """``count`` judge requests at once (threads, one connection each); their answers or errors."""
+    results: list[httpx.Response | Exception] = [RuntimeError("not sent")] * count
+
+    def one(i: int) -> None:
+        try:
+            results[i] = httpx.post(f"{url}/generate", json={"text": f"held {i}"},
+                                    headers={"host": HOST, **(headers or {})}, timeout=30)
+        except Exception as exc:
+            results[i] = exc
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def test_held_requests_are_reported_then_forwarded_to_the_first_replica_and_all_answered() -> None:
+    with gateway_stack() as stack, activator() as act:
+        act.route([])
+        before = act.state()
+        results: list[httpx.Response | Exception] = []
+        sender = threading.Thread(target=lambda: results.extend(_send_all(act.url, 8)))
+        sender.start()
+        woke = act.state(version=int(before["version"]), wait=10)  # type: ignore[call-overload]
+        deadline = time.monotonic() + 10
+        while act.state()["held"] != {"rl/judge": 8} and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert act.state()["held"] == {"rl/judge": 8}
+        assert woke["held"], "the first held request wakes a long poll (the operator acts at once)"
+        act.route([f"127.0.0.1:{stack.port}"])
+        sender.join()
+        assert all(isinstance(r, httpx.Response) and r.status_code == 200 for r in results), results
+        assert all(r.headers["connection"] == "close" for r in results if isinstance(r, httpx.Response))
+        assert act.state()["held"] == {}
+        direct = httpx.post(f"{act.url}/generate", json={"text": "now"}, headers={"host": HOST})
+        assert direct.status_code == 200, "with a replica serving, nothing waits"
+
+
+def test_the_hold_queue_and_the_hold_time_are_bounded_with_a_retryable_503() -> None:
+    with activator() as act:
+        act.route([], max_held=2, hold_timeout=1.0)
+        results = _send_all(act.url, 3)
+        codes = sorted((r.status_code, r.json()["error"]["reason"]) for r in results if isinstance(r, httpx.Response))
+        assert codes == [(503, "holdQueueFull"), (503, "holdTimeout"), (503, "holdTimeout")], results
+        assert all(r.headers.get("retry-after") for r in results if isinstance(r, httpx.Response))
+
+
+def test_unknown_hosts_and_control_calls_without_the_token_are_refused() -> None:
+    with activator() as act:
+        act.route([])
+        stranger = httpx.post(f"{act.url}/generate", json={"text": "x"}, headers={"host": "other.ns"})
+        assert (stranger.status_code, stranger.json()["error"]["reason"]) == (404, "unknownPool")
+        assert httpx.get(f"{act.control}/v1/state").status_code == 401
+        assert httpx.put(f"{act.control}{ROUTES_PATH}/rl/judge", json={}).status_code == 401
+        bad = httpx.put(f"{act.control}{ROUTES_PATH}/rl/judge", json={"hosts": ["a b"]}, headers=AUTH)
+        assert bad.status_code == 400
+        huge = httpx.post(f"{act.url}/generate", content=b"x" * (9 << 20), headers={"host": HOST})
+        assert huge.status_code == 413
+
+
+def test_the_clients_api_key_reaches_the_gateway() -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        write_key(Path(directory), KEY)
+        with keyed_stack(Path(directory)) as stack, activator() as act:
+            act.route([f"127.0.0.1:{stack.port}"])
+            keyed = httpx.post(f"{act.url}/generate", json={"text": "k"}, headers={"host": HOST, **BEARER})
+            assert keyed.status_code == 200
+            bare = httpx.post(f"{act.url}/generate", json={"text": "k"}, headers={"host": HOST})
+            assert bare.status_code == 401
+
+
+def test_a_killed_activator_ends_its_held_connections_without_an_answer() -> None:
+    with activator() as act:
+        act.route([])
+        results: list[httpx.Response | Exception] = []
+        sender = threading.Thread(target=lambda: results.extend(_send_all(act.url, 3)))
+        sender.start()
+        deadline = time.monotonic() + 10
+        while act.state()["held"] != {"rl/judge": 3} and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(act.process.pid, signal.SIGKILL)
+        sender.join()
+        assert all(isinstance(r, httpx.TransportError) for r in results), results
