@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 
 import kopf
 from prometheus_client import start_http_server
@@ -24,9 +25,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-gpu-placement", action="store_true",
                         help="do not watch nodes (no RBAC on nodes needed): new replicas of a deterministic pool "
                              "are then not pinned to the GPU product (nvidia.com/gpu.product) of its serving replicas")
+    parser.add_argument("--activator-service", default=os.environ.get("GENRM_ACTIVATOR_SERVICE"),
+                        metavar="NAMESPACE/NAME",
+                        help="the activator's Service: pools with scaleToZero route to it while no replica serves "
+                             "(needs RBAC on endpointslices); its control token in $GENRM_ACTIVATOR_TOKEN")
     args = parser.parse_args(argv)
     if not args.no_gpu_placement:
         handlers.watch_gpu_products()
+    if args.activator_service:
+        namespace, _, service = args.activator_service.partition("/")
+        token = os.environ.get("GENRM_ACTIVATOR_TOKEN", "")
+        if not (namespace and service and token):
+            parser.error("--activator-service wants NAMESPACE/NAME and the token in $GENRM_ACTIVATOR_TOKEN")
+        handlers.use_activator(namespace, service, token)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.verbose:

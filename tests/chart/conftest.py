@@ -61,7 +61,10 @@ def render(helm: Path) -> Render:
 
 
 def find(manifests: list[Manifest], kind: str, name_suffix: str = "") -> Manifest:
-    """The one object of this kind (whose name ends with the suffix)."""
-    matches = [m for m in manifests if m["kind"] == kind and m["metadata"]["name"].endswith(name_suffix)]
+    """The one object of this kind whose name ends with the suffix (the activator's, ``*-activator``,
+    only when the suffix asks for them: the chart's other objects are the operator's)."""
+    activator = name_suffix.endswith("-activator")
+    matches = [m for m in manifests if m["kind"] == kind and m["metadata"]["name"].endswith(name_suffix)
+               and m["metadata"]["name"].endswith("-activator") == activator]
     assert len(matches) == 1, f"expected one {kind} *{name_suffix}, got {[m['metadata']['name'] for m in matches]}"
     return matches[0]

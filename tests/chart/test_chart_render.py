@@ -34,7 +34,9 @@ OPERATOR_RULES: dict[tuple[str, str], set[str]] = {
     ("", "secrets"): {"get", "list", "watch", "create", "patch"},
     ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "events"): {"create"},
+    ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch", "create", "patch", "delete"},
 }
+"""What the operator calls, the activator's EndpointSlices included (``activator.enabled``, the default)."""
 NODE_RULES: dict[tuple[str, str], set[str]] = {("", "nodes"): {"list", "watch"}}
 """The node watch (GPU products for placement): cluster-scoped, so a ClusterRole in every install."""
 
@@ -269,3 +271,29 @@ def test_dashboards_ship_as_sidecar_configmaps(render: Render) -> None:
     assert shipped == {f.name: f.read_text().rstrip("\n") for f in files}
     size = sum(len(json.dumps(m)) for m in maps)
     assert size < 512 * 1024, "dashboards approach the 1 MiB object limit of the Helm release secret"
+
+
+def test_the_activator_is_two_pods_the_operator_is_pointed_at_with_a_shared_token(render: Render) -> None:
+    manifests = render()
+    activator = find(manifests, "Deployment", "-activator")
+    assert activator["spec"]["replicas"] == 2
+    pod = activator["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["command"] == ["genrm-gateway", "activator"]
+    assert container["image"] == operator_container(manifests)["image"], "the operator image ships the activator"
+    secret = find(manifests, "Secret", "-activator")
+    token_ref = {"secretKeyRef": {"name": secret["metadata"]["name"], "key": "token"}}
+    assert {"name": "GENRM_CONTROL_TOKEN", "valueFrom": token_ref} in container["env"]
+    assert {"name": "GENRM_ACTIVATOR_TOKEN", "valueFrom": token_ref} in operator_container(manifests)["env"]
+    service = find(manifests, "Service", "-activator")
+    assert {p["name"] for p in service["spec"]["ports"]} == {"http", "control"}
+    assert service["spec"]["selector"] == activator["spec"]["selector"]["matchLabels"]
+    assert f"--activator-service=genrm-system/{service['metadata']['name']}" in operator_container(manifests)["args"]
+
+
+def test_without_the_activator_the_operator_needs_no_endpointslices(render: Render) -> None:
+    manifests = render(set=("activator.enabled=false",))
+    assert not [m for m in manifests if m["metadata"]["name"].endswith("-activator")]
+    role = find(manifests, "ClusterRole", "genrm-operator")
+    assert ("discovery.k8s.io", "endpointslices") not in granted(role)
+    assert not [a for a in operator_container(manifests)["args"] if a.startswith("--activator-service")]

@@ -318,6 +318,10 @@ class ScaleToZeroSpec(ApiModel):
     """The pool goes to zero only after every replica has reported nothing in flight for this long,
     with no demand hint active and no replica starting. A replica that does not report (its gateway
     unreachable, or a report not seen yet) is never idle, so missing data never empties a pool."""
+    hold_timeout_seconds: int | None = Field(None, ge=1, le=3600)
+    """How long the activator holds a request for the pool at zero before answering ``503 holdTimeout``;
+    unset: engine.startupTimeoutSeconds (at most 3600), so a request waits as long as a replica may
+    take to start."""
 
 
 class DemandSpec(ApiModel):

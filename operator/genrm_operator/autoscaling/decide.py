@@ -82,7 +82,7 @@ _INACTIVE = {
     "NoServingReplicas": "no replica is serving yet, so there is nothing to measure; holding",
     "FailedGetMetrics": "no driving metric could be read; holding until fallback.failureThreshold",
     "FallbackActive": "no driving metric could be read for fallback.failureThreshold intervals; applying it",
-    "ScaledToZero": "the pool is at zero replicas (scaleToZero); a demand hint wakes it",
+    "ScaledToZero": "the pool is at zero replicas (scaleToZero); a request or a demand hint wakes it",
 }
 _MESSAGES = {
     "ScaleUpStabilized": "recent recommendations were lower; applying the lowest in the up window",
@@ -97,6 +97,7 @@ _MESSAGES = {
     "MetricsFailed": "a metric failed; scale-down is blocked until it reads again",
     "DemandFloor": "a demand hint holds the pool at the floor it asked for",
     "IdleToZero": "every replica has been idle for scaleToZero.idleSeconds and no demand hint is active",
+    "HeldRequests": "the activator holds requests for the pool at zero; waking it",
 }
 
 
@@ -111,20 +112,22 @@ def decide(spec: AutoscalingSpec, observation: Observation, status: AutoscalerSt
     hinted = demand(spec.demand, status, observation.hints, observation.now, high)
     status = status.evolve(demand=hinted.active, demand_seen=hinted.seen, demand_floor=hinted.floor or None,
                            demand_annotation_error=observation.hint_error)
-    step = _Step(spec, observation, status, outcomes, hinted.floor)
+    # Requests held at zero are demand that has arrived: at least minReplicas, at once.
+    floor = max(hinted.floor, low if observation.held else 0)
+    step = _Step(spec, observation, status, outcomes, floor)
     if current == 0 and spec.scale_to_zero is None:
         return step.conclude(current, current, "ScalingDisabled", inactive="ScalingDisabled")
     if current == 0:
-        if not hinted.floor:
+        if not floor:
             return step.conclude(current, current, None, inactive="ScaledToZero")
-        woken = min(max(hinted.floor, low), high)
-        return step.conclude(woken, woken, "DemandFloor")
+        woken = min(max(floor, low), high)
+        return step.conclude(woken, woken, "HeldRequests" if observation.held else "DemandFloor")
     idle = observation.idle_seconds
-    if spec.scale_to_zero is not None and not hinted.floor and idle is not None \
+    if spec.scale_to_zero is not None and not floor and idle is not None \
             and idle >= spec.scale_to_zero.idle_seconds:
         return step.conclude(0, 0, "IdleToZero")
-    if not low <= current <= high or current < hinted.floor:
-        clamped = min(max(current, low, hinted.floor), high)
+    if not low <= current <= high or current < floor:
+        clamped = min(max(current, low, floor), high)
         reason = "TooManyReplicas" if current > high else "TooFewReplicas" if current < low else "DemandFloor"
         return step.conclude(clamped, clamped, reason)
     recommendation = recommend(spec, outcomes, current, status.consecutive_failures)

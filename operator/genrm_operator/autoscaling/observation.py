@@ -62,6 +62,7 @@ class Observation:
     hints: Sequence[DemandHint] = ()
     hint_error: str | None = None
     idle_seconds: float | None = None
+    held: int = 0
 
     def count(self, state: ReplicaState) -> int:
         """How many replicas are in ``state``."""

@@ -111,7 +111,8 @@ def observation(obs: Observed, replicas: list[Replica]) -> Observation:
         pool_values=dict(obs.metrics.pool) if obs.metrics is not None else {},
         hints=hints,
         hint_error=hint_error,
-        idle_seconds=idle_seconds(obs, replicas),
+        idle_seconds=None if obs.held else idle_seconds(obs, replicas),
+        held=obs.held,
     )
 
 

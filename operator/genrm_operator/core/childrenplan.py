@@ -23,15 +23,17 @@ from typing import Any
 from ..api.pool import GenRMPoolSpec
 from ..api.status import EventReason
 from .children import Manifest, pdb_manifest, secret_manifest, service_manifest
-from .names import TOKEN_KEY, pdb_name, secret_name, service_name
+from .names import TOKEN_KEY, activator_slice_name, pdb_name, secret_name, service_name
 
-KINDS = ("Secret", "Service", "PodDisruptionBudget")
-"""The order of the concerns: the Secret first, because pods and the operator need its token."""
+KINDS = ("Secret", "Service", "PodDisruptionBudget", "EndpointSlice")
+"""The order of the concerns: the Secret first, because pods and the operator need its token; the
+activator's EndpointSlice (`activation`) last, after the Service it belongs to."""
 
 OWNED_FIELDS: dict[str, tuple[tuple[str, ...], ...]] = {
     "Secret": (),
     "Service": (("spec", "type"), ("spec", "selector"), ("spec", "ports")),
     "PodDisruptionBudget": (("spec", "maxUnavailable"), ("spec", "selector")),
+    "EndpointSlice": (("endpoints",), ("ports",)),
 }
 """Per kind, the paths the operator writes on an existing object besides its labels.
 
@@ -79,7 +81,8 @@ class ForeignChild:
 ChildAction = CreateChild | PatchChild | DeleteChild | ForeignChild
 CHILD_FAILED = EventReason.CHILD_FAILED
 """Reason of the Degraded condition and of the Warning event when the API server refuses a child write."""
-NAMES = {"Secret": secret_name, "Service": service_name, "PodDisruptionBudget": pdb_name}
+NAMES = {"Secret": secret_name, "Service": service_name, "PodDisruptionBudget": pdb_name,
+         "EndpointSlice": activator_slice_name}
 
 
 def select_observed(pool: str, objects: Iterable[Manifest]) -> dict[str, Manifest]:

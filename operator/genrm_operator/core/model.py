@@ -93,11 +93,23 @@ class Observed:
     gpu_products: Mapping[str, str] = field(default_factory=dict)
     """GPU product by node name (the node label nvidia.com/gpu.product), for the nodes of the pool's
     pods that carry it (`placement`)."""
+    held: int = 0
+    """Requests the activators hold for the pool (it is at zero or waking)."""
     demand_annotation: str | None = None
     """The pool's ``genrm.io/demand`` annotation, as written (a hint as JSON, `genrm_contract.demand`)."""
     children: ObservedChildren | None = None
     """The pool's Secret, Service and PodDisruptionBudget as watched; None: the step plans no
     children (the core tests' world has none)."""
+
+
+@dataclass(frozen=True)
+class ActivatorView:
+    """The activator's pods, as its Service's EndpointSlices show them (`activation`)."""
+
+    addresses: tuple[str, ...]
+    """Ready pod IPs."""
+    port: int
+    """Their traffic port."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +122,10 @@ class ObservedChildren:
     """The pool's control token: the Secret's, or the one the shell made while none is watched."""
     objects: Mapping[str, Manifest] = field(default_factory=dict)
     """The pool's children by kind (`childrenplan.select_observed`)."""
+    slices: tuple[Manifest, ...] = ()
+    """Every watched EndpointSlice of the pool's Service, the controller's included (`activation`)."""
+    activator: ActivatorView | None = None
+    """The activator, when the operator runs with one; None: scale to zero has nothing to hold requests."""
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,11 @@ def service_name(pool: str) -> str:
     return pool
 
 
+def activator_slice_name(pool: str) -> str:
+    """EndpointSlice that points the pool's Service at the activator while no replica serves."""
+    return f"{service_name(pool)}-activator"
+
+
 def pdb_name(pool: str) -> str:
     """PodDisruptionBudget of the pool."""
     return pool

@@ -40,9 +40,10 @@ from __future__ import annotations
 from genrm_contract.sidecar import DrainPhase, DrainState
 
 from ..api.status import AddedPod, ConditionReason, EventReason, Operation, OperationPhase, OperationType
-from . import placement
+from . import activation, placement
 from .autoscale import autoscale
 from .backoff import create_backoff
+from .children import owner_reference
 from .childrenplan import ChildAction, desired_children, plan_children
 from .classify import Replica, Role
 from .clock import stamp
@@ -90,12 +91,15 @@ def reconcile(obs: Observed) -> Plan:
 
 
 def plan_pool_children(obs: Observed) -> tuple[ChildAction, ...]:
-    """The Secret's, the Service's and the PodDisruptionBudget's decisions (`childrenplan`), none when
-    the step observed no children."""
+    """The Secret's, the Service's, the PodDisruptionBudget's and the activator's EndpointSlice's
+    decisions (`childrenplan`, `activation`), none when the step observed no children."""
     c = obs.children
     if c is None:
         return ()
     desired = desired_children(obs.name, c.pool_uid, c.namespace, obs.spec, c.token)
+    if c.activator is not None and activation.wants_activator(obs, activation.serving_addresses(obs.name, c.slices)):
+        desired["EndpointSlice"] = activation.slice_manifest(obs.name, c.pool_uid, c.namespace, c.activator,
+                                                             owner_reference(obs.name, c.pool_uid))
     return plan_children(desired, c.objects, c.pool_uid)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from genrm_contract.sidecar import DrainPhase, DrainState
 
 from ..api.status import ConditionReason, EventReason, Operation, OperationPhase, Victim
+from .activation import activator_in_place
 from .classify import Role
 from .clock import instant, stamp
 from .model import DeletePod, Drain, SetPublished
@@ -82,6 +83,11 @@ def advance_victim(s: Step, v: Victim, propagation: float, timeout: float,
         # must not start it at all. While the pod is seen published nothing is recorded, so the
         # unpublish goes out in the step right after the victims were written, with no write of
         # its own.
+        if pod.published and s.desired == 0 and s.obs.spec.autoscaling.scale_to_zero is not None \
+                and not activator_in_place(s.obs):
+            # Going to zero: the Service points at the activator first, or a request arriving
+            # while this replica drains would find no endpoint at all.
+            return v, OperationPhase.UNPUBLISHING, ""
         if pod.published:
             v = v.evolve(unpublished_at=None)
             s.actions.append(SetPublished(pod.name, pod.uid, False))

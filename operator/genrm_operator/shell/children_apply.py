@@ -50,9 +50,11 @@ class ChildrenApplier:
         watch has not shown the Secret yet, so a deleted Secret comes back with the token the
         running replicas were started with.
         """
-        observed = select_observed(self.name, self.children())
+        watched = self.children()
+        observed = select_observed(self.name, watched)
         self.token = observed_token(observed.get("Secret")) or self.token or secrets.token_urlsafe(32)
-        return ObservedChildren(pool_uid=pool_uid, namespace=self.namespace, token=self.token, objects=observed)
+        return ObservedChildren(pool_uid=pool_uid, namespace=self.namespace, token=self.token, objects=observed,
+                                slices=tuple(o for o in watched if o.get("kind") == "EndpointSlice"))
 
     async def carry_out(self, actions: Iterable[ChildAction], pool_uid: str) -> None:
         """Carry out the children's decisions of a `Plan`, in order; the API server's refusals are kept

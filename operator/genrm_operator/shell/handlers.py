@@ -7,8 +7,10 @@ reconciles levels and a periodic resync catches anything a watch missed.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, cast
 
 import kopf
@@ -18,6 +20,7 @@ from ..core.model import Event
 from ..core.names import POOL_LABEL
 from ..core.placement import GPU_PRODUCT_LABEL
 from . import metrics
+from .activators import ActivatorFleet
 from .kube import Kube, Manifest, load_config
 from .reconciler import PoolReconciler
 from .sidecar import SidecarClient
@@ -28,6 +31,20 @@ CHILD_RESOURCES = [("", "v1", "pods"), ("", "v1", "services"), ("", "v1", "secre
                    ("policy", "v1", "poddisruptionbudgets")]
 """(group, version, plural) of the children the operator watches."""
 NODES = ("", "v1", "nodes")
+ENDPOINT_SLICES = ("discovery.k8s.io", "v1", "endpointslices")
+
+
+@dataclass(frozen=True)
+class ActivatorConfig:
+    """``--activator-service``: the activator's Service and the token of its control port."""
+
+    namespace: str
+    service: str
+    token: str
+
+
+ACTIVATOR: list[ActivatorConfig] = []
+"""Set once by `use_activator` before kopf starts; empty: no activator (pools at zero refuse)."""
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -70,11 +87,27 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     load_config()
     memo.kube = Kube()
     memo.sidecars = SidecarClient()
+    memo.activators = None
+    memo.activator_task = None
+    if ACTIVATOR:
+        settings.watching.label_selectors[ENDPOINT_SLICES] = POOL_LABEL
+        config = ACTIVATOR[0]
+        memo.activators = ActivatorFleet(memo.kube, config.namespace, config.service, config.token, _wake_pool)
+        memo.activator_task = asyncio.ensure_future(memo.activators.run())
+
+
+def _wake_pool(key: str | None) -> None:
+    """Wake one pool's reconciler (``namespace/name``), or every one's (None)."""
+    for (namespace, name), reconciler in RECONCILERS.items():
+        if key is None or key == f"{namespace}/{name}":
+            reconciler.wake.set()
 
 
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
     """Close the shared HTTP clients."""
+    if memo.activator_task is not None:
+        memo.activator_task.cancel()
     await memo.sidecars.close()
     await memo.kube.close()
 
@@ -113,6 +146,23 @@ def watch_gpu_products() -> None:
     ServiceAccount that may not list nodes would stop the whole operator. ``--no-gpu-placement``
     leaves the index out (placement then pins nothing, as on nodes without the label)."""
     kopf.index(*NODES, labels={GPU_PRODUCT_LABEL: kopf.PRESENT})(gpu_products)
+
+
+def use_activator(namespace: str, service: str, token: str) -> None:
+    """Serve pools at zero through the activator behind ``namespace/service`` (`activators`).
+
+    Not a decorator, like `watch_gpu_products`: only then are EndpointSlices watched (the pools'
+    own, for the activator's slice and the controller's ready endpoints), which needs RBAC on them."""
+    ACTIVATOR.append(ActivatorConfig(namespace, service, token))
+    kopf.index(*ENDPOINT_SLICES, labels={POOL_LABEL: kopf.PRESENT})(slices_by_pool)
+    kopf.on.event(*ENDPOINT_SLICES, labels={POOL_LABEL: kopf.PRESENT})(child_changed)
+
+
+async def slices_by_pool(namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
+                         **_: Any) -> dict[tuple[str, str], Manifest]:
+    """The EndpointSlices of each pool's Service: the controller's (labels copied from the Service) and
+    the activator's."""
+    return _child_entry("EndpointSlice", namespace, labels, body, "endpoints", "ports")
 
 
 def _child_entry(kind: str, namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
@@ -154,7 +204,8 @@ async def reconcile_pool(name: str, namespace: str | None, memo: kopf.Memo, stop
         return list(index.get((ns, name), []))
 
     def children() -> list[Manifest]:
-        return [*indexed("secrets_by_pool"), *indexed("services_by_pool"), *indexed("pdbs_by_pool")]
+        slices = indexed("slices_by_pool") if "slices_by_pool" in kwargs else []
+        return [*indexed("secrets_by_pool"), *indexed("services_by_pool"), *indexed("pdbs_by_pool"), *slices]
 
     def products(nodes: Iterable[str]) -> dict[str, str]:
         index = cast(kopf.Index[str, str] | None, kwargs.get("gpu_products"))  # None: --no-gpu-placement
@@ -166,7 +217,7 @@ async def reconcile_pool(name: str, namespace: str | None, memo: kopf.Memo, stop
         return dict(body)
 
     reconciler = PoolReconciler(memo.kube, memo.sidecars, post_event, ns, name,
-                                lambda: indexed("pods_by_pool"), children, watched, products)
+                                lambda: indexed("pods_by_pool"), children, watched, products, memo.activators)
     RECONCILERS[(ns, name)] = reconciler
     try:
         await reconciler.run(lambda: bool(stopped))

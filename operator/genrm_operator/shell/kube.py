@@ -36,6 +36,7 @@ COLLECTIONS = {
     "Service": "/api/v1/namespaces/{namespace}/services",
     "Secret": "/api/v1/namespaces/{namespace}/secrets",
     "PodDisruptionBudget": "/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets",
+    "EndpointSlice": "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices",
 }
 """Where each kind the operator writes lives (namespaced collections)."""
 
@@ -153,6 +154,13 @@ class Kube:
         """Create a Pod, Secret, Service or PodDisruptionBudget; False when it already exists."""
         collection = COLLECTIONS[manifest["kind"]].format(namespace=quote(manifest["metadata"]["namespace"], safe=""))
         return await self._request("POST", collection, manifest, ok=(409,)) is not None
+
+    async def endpoint_slices(self, namespace: str, service: str) -> list[Manifest]:
+        """The EndpointSlices of one Service (the activator's, `activators`)."""
+        selector = quote(f"kubernetes.io/service-name={service}", safe="")
+        found = await self._request("GET", f"{COLLECTIONS['EndpointSlice'].format(namespace=quote(namespace, safe=''))}"
+                                           f"?labelSelector={selector}")
+        return list((found or {}).get("items") or [])
 
     async def read_child(self, kind: str, namespace: str, name: str) -> Manifest | None:
         """One child as a wire-format manifest (kind included), or None when it does not exist."""

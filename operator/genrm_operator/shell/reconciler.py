@@ -24,17 +24,20 @@ import math
 import time
 from collections.abc import Callable
 
+from genrm_contract.activator import pool_key
 from genrm_contract.demand import DEMAND_ANNOTATION
 from kubernetes.client.exceptions import ApiException
 
 from ..api.pool import GenRMPoolStatus
 from ..autoscaling.demand import is_new
+from ..core import activation
 from ..core.autoscale import reported_hints
 from ..core.childrenplan import CHILD_FAILED
 from ..core.model import REPORT_DELAY_SECONDS, Event, Observed, deliver
 from ..core.reconcile import reconcile
 from ..core.retry import Failure, Failures, failed_status
 from . import metrics
+from .activators import ActivatorFleet
 from .autoscaler import PoolAutoscaler
 from .balancer import PoolBalancer
 from .children_apply import ChildrenApplier, ChildSource
@@ -58,8 +61,10 @@ class PoolReconciler:
 
     def __init__(self, kube: Kube, sidecars: SidecarClient, post_event: EventPoster,
                  namespace: str, name: str, pods: PodSource, children: ChildSource, watched: PoolSource,
-                 products: ProductSource = no_products) -> None:
+                 products: ProductSource = no_products, activators: ActivatorFleet | None = None) -> None:
         self.kube, self.sidecars, self.post_event = kube, sidecars, post_event
+        self.activators = activators
+        """The operator's activators, when it runs with them (scale from zero)."""
         self.observer = PoolObserver(kube, namespace, name, pods, watched, products)
         self.applier = ChildrenApplier(kube, namespace, name, children)
         self._rewritten = False
@@ -219,15 +224,22 @@ class PoolReconciler:
         published = [v.name for v in views if v.published and not v.deleting]
         sidecars = await self.watch.views(endpoints)
         annotation = (meta.get("annotations") or {}).get(DEMAND_ANNOTATION)
+        key = pool_key(self.namespace, self.name)
+        held = self.activators.held(key) if self.activators is not None else 0
+        if self.activators is not None:
+            children = dataclasses.replace(children, activator=self.activators.view())
         observed = Observed(
             name=self.name, generation=int(meta.get("generation", 0)), spec=spec, status=status,
             pods=views, sidecars=sidecars, now=time.time(), child_errors=child_errors, demand_annotation=annotation,
-            gpu_products=self.observer.products({v.node for v in views if v.node}), children=children,
+            gpu_products=self.observer.products({v.node for v in views if v.node}), children=children, held=held,
         )
-        # A hint not seen before makes the decision due now: the load it announces is on its way.
-        new_hint = is_new(status.autoscaler, reported_hints(observed)[0])
-        samples = await self.autoscaler.sample(spec.autoscaling, published, endpoints, now=new_hint)
+        # A hint not seen before, or a request held at zero, makes the decision due now: the load is
+        # on its way, or already here.
+        due = is_new(status.autoscaler, reported_hints(observed)[0]) or (held > 0 and spec.replicas == 0)
+        samples = await self.autoscaler.sample(spec.autoscaling, published, endpoints, now=due)
         observed = dataclasses.replace(observed, metrics=samples)
+        if self.activators is not None:
+            await self.activators.push(key, activation.pool_route(observed))
         self._stage = "decide"
         plan = reconcile(observed)
         self.balancer.follow({n: endpoints[n] for n in published if n in endpoints}, self.watch.documents())

@@ -1,0 +1,146 @@
+"""The activators (`genrm_contract.activator`): where they are, what they hold, what they were told.
+
+One fleet per operator, shared by every pool's reconciler. Where: the ready endpoints of the
+activator's Service, read every :data:`REFRESH_SECONDS` (the operator needs them only for pools
+that may go to zero, so a list call every few seconds beats a cluster-wide watch). What they hold:
+one long poll per activator, as for the gateways, waking the reconciler of every pool whose held
+count changed, so a request at zero wakes its pool at once. What they were told: each pool's route,
+pushed with an idempotent ``PUT`` when it changed or the activator restarted (a new boot id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from urllib.parse import quote
+
+import aiohttp
+from genrm_contract.activator import ROUTES_PATH, ActivatorState, PoolRoute
+from genrm_contract.sidecar import CONTROL_PORT_NAME, STATE_PATH, TRAFFIC_PORT_NAME, WAIT_PARAM
+from pydantic import ValidationError
+
+from ..core.model import ActivatorView
+from .kube import Kube
+
+log = logging.getLogger(__name__)
+REFRESH_SECONDS = 2.0
+WAIT_SECONDS = 30.0
+RETRY_SECONDS = 1.0
+
+
+@dataclass
+class _Activator:
+    control: str
+    """``http://ip:port`` of its control port."""
+    task: asyncio.Task[None] | None = None
+    state: ActivatorState | None = None
+    pushed: dict[str, PoolRoute | None] = field(default_factory=dict)
+    """The route each pool was last given, under the boot id it was given to."""
+    boot_id: str | None = None
+
+
+class ActivatorFleet:
+    """The operator's view of the activators, and its one channel to them."""
+
+    def __init__(self, kube: Kube, namespace: str, service: str, token: str,
+                 wake: Callable[[str | None], None]) -> None:
+        """``wake(key)`` wakes the reconciler of the pool ``namespace/name`` (when it runs one), ``wake(None)``
+        every pool's (an activator (re)started and needs their routes)."""
+        self.kube, self.namespace, self.service = kube, namespace, service
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self._wake = wake
+        self._view: ActivatorView | None = None
+        self._activators: dict[str, _Activator] = {}
+        self._session: aiohttp.ClientSession | None = None
+
+    def view(self) -> ActivatorView | None:
+        """The activators' ready addresses and traffic port; None until the first list (or with none ready)."""
+        return self._view
+
+    def held(self, key: str) -> int:
+        """Requests the activators hold for the pool ``key``."""
+        return sum(a.state.held.get(key, 0) for a in self._activators.values() if a.state is not None)
+
+    async def run(self) -> None:
+        """Keep the activators' addresses current and follow each one's state, until cancelled."""
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WAIT_SECONDS + 10))
+        try:
+            while True:
+                with contextlib.suppress(Exception):
+                    await self._refresh()
+                await asyncio.sleep(REFRESH_SECONDS)
+        finally:
+            for activator in self._activators.values():
+                if activator.task is not None:
+                    activator.task.cancel()
+            await self._session.close()
+
+    async def _refresh(self) -> None:
+        slices = await self.kube.endpoint_slices(self.namespace, self.service)
+        addresses: set[str] = set()
+        traffic = control = 0
+        for piece in slices:
+            ports = {p.get("name"): p.get("port") for p in piece.get("ports") or []}
+            traffic, control = ports.get(TRAFFIC_PORT_NAME) or traffic, ports.get(CONTROL_PORT_NAME) or control
+            addresses |= {a for e in piece.get("endpoints") or [] if (e.get("conditions") or {}).get("ready")
+                          for a in e.get("addresses") or []}
+        self._view = ActivatorView(tuple(sorted(addresses)), traffic) if addresses and traffic and control else None
+        wanted = {f"http://{a}:{control}" for a in addresses} if control else set()
+        for gone in set(self._activators) - wanted:
+            if (task := self._activators.pop(gone).task) is not None:
+                task.cancel()
+        for url in wanted - set(self._activators):
+            activator = self._activators[url] = _Activator(url)
+            activator.task = asyncio.ensure_future(self._follow(activator))
+
+    async def _follow(self, activator: _Activator) -> None:
+        """Long-poll one activator's state; wake the pools whose held count changed."""
+        assert self._session is not None
+        while True:
+            version = activator.state.version if activator.state is not None else None
+            params = {} if version is None else {"version": str(version), WAIT_PARAM: str(WAIT_SECONDS)}
+            try:
+                async with self._session.get(activator.control + STATE_PATH, params=params,
+                                             headers=self._headers) as answer:
+                    state = ActivatorState.model_validate_json(await answer.read())
+            except (aiohttp.ClientError, TimeoutError, ValidationError) as exc:
+                log.debug("activator %s: state not read: %s", activator.control, exc)
+                await asyncio.sleep(RETRY_SECONDS)
+                continue
+            old = activator.state
+            activator.state = state
+            if state.boot_id != activator.boot_id:
+                activator.boot_id, activator.pushed = state.boot_id, {}  # (re)started: it knows no route
+                self._wake(None)
+            for key in set(state.held) | set(old.held if old is not None else {}):
+                if (old.held.get(key) if old is not None else None) != state.held.get(key):
+                    self._wake(key)
+
+    async def push(self, key: str, route: PoolRoute | None) -> None:
+        """Give every activator the pool's route (None: remove it), where it differs from what it has."""
+        if self._session is None:
+            return
+        namespace, name = key.split("/", 1)
+        path = f"{ROUTES_PATH}/{quote(namespace, safe='')}/{quote(name, safe='')}"
+        for activator in list(self._activators.values()):
+            known = key in activator.pushed
+            if activator.boot_id is None or (known and activator.pushed[key] == route) or (route is None and not known):
+                continue
+            try:
+                if route is None:
+                    async with self._session.delete(activator.control + path, headers=self._headers) as answer:
+                        ok = answer.status == 200
+                else:
+                    async with self._session.put(activator.control + path, json=route.wire(),
+                                                 headers=self._headers) as answer:
+                        ok = answer.status == 200
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                log.info("activator %s: route of %s not pushed: %s", activator.control, key, exc)
+                continue
+            if ok and route is None:
+                activator.pushed.pop(key, None)
+            elif ok:
+                activator.pushed[key] = route
