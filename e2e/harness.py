@@ -218,8 +218,10 @@ def tail(path: Path, lines: int = 40) -> str:
 class OperatorProcess:
     """The operator as a child process: start, SIGKILL, restart."""
 
-    def __init__(self, kubeconfig: str, log_dir: Path) -> None:
+    def __init__(self, kubeconfig: str, log_dir: Path, activator: tuple[str, str] | None = None) -> None:
+        """``activator``: the activator's Service (``namespace/name``) and its control token."""
         self.kubeconfig = kubeconfig
+        self.activator = activator
         self.log_path = log_dir / "operator.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.metrics_port = free_port()
@@ -227,11 +229,15 @@ class OperatorProcess:
     def start(self) -> None:
         assert self.proc is None or self.proc.poll() is not None, "operator already running"
         env = {**os.environ, "KUBECONFIG": self.kubeconfig, "PYTHONUNBUFFERED": "1"}
+        extra: list[str] = []
+        if self.activator is not None:
+            extra = [f"--activator-service={self.activator[0]}"]
+            env["GENRM_ACTIVATOR_TOKEN"] = self.activator[1]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "genrm_operator", "--metrics-host", "127.0.0.1",
                  "--metrics-port", str(self.metrics_port),
-                 "--liveness", f"http://127.0.0.1:{free_port()}/healthz"],
+                 "--liveness", f"http://127.0.0.1:{free_port()}/healthz", *extra],
                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def kill(self) -> None:
