@@ -18,6 +18,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from genrm_contract.demand import DemandHint
+
 ROUTES_PATH = "/v1/routes"
 """``PUT {ROUTES_PATH}/{namespace}/{pool}`` sets a pool's :class:`PoolRoute`; ``DELETE`` removes it."""
 MAX_HOSTS = 16
@@ -54,9 +56,12 @@ class ActivatorState(BaseModel):
 
     held: dict[str, int] = Field(default_factory=dict)
     """Requests waiting for a replica, per pool that has any."""
+    demand: dict[str, tuple[DemandHint, ...]] = Field(default_factory=dict)
+    """Demand hints sent to a pool through the activator (the pool at zero), until they expire."""
     boot_id: str = Field(alias="bootId")
     version: int = Field(ge=0)
-    """Grows whenever which pools hold requests changes (a long poll waits for another version)."""
+    """Grows whenever a pool starts holding, holds more, or its hints change (a long poll waits for
+    another version)."""
 
     def wire(self) -> dict[str, object]:
         return self.model_dump(by_alias=True, mode="json")

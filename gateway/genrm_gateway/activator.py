@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import httpx
 from genrm_contract.activator import ROUTES_PATH, ActivatorState, PoolRoute, pool_key
+from genrm_contract.demand import DEMAND_PATH, DemandHint
 from genrm_contract.sidecar import MAX_WAIT_SECONDS, STATE_PATH, WAIT_PARAM, WATCH_TICK_SECONDS, RefusalReason
 from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
@@ -35,6 +36,7 @@ from starlette.types import Receive, Scope, Send
 from genrm_gateway.body import bounded_body
 from genrm_gateway.config import Limits
 from genrm_gateway.connection import Connections, GatewayProtocol, protocol_class
+from genrm_gateway.demand import DemandBoard
 from genrm_gateway.errors import CLOSE_HEADER, REASON_HEADER, Refusal, error_body
 
 # Hop-by-hop fields (RFC 9110 7.6.1) and the ones the forwarding client sets itself.
@@ -48,6 +50,7 @@ ROUTE_BODY_BYTES = 64 * 1024
 class _Pool:
     route: PoolRoute
     held: int = 0
+    demand: DemandBoard = field(default_factory=DemandBoard)
     serving: asyncio.Event = field(default_factory=asyncio.Event)
     turn: itertools.count[int] = field(default_factory=itertools.count)
 
@@ -65,6 +68,7 @@ class Activator:
         self._boot_id = secrets.token_hex(6)
         self._version = 0
         self._last_held: dict[str, int] = {}
+        self._last_demand: dict[str, tuple[DemandHint, ...]] = {}
         self._http: httpx.AsyncClient | None = None
 
     @property
@@ -72,12 +76,15 @@ class Activator:
         return protocol_class(self.connections)
 
     def state(self) -> ActivatorState:
-        """The held counts, versioned: the version grows when a pool starts or stops holding."""
+        """The held counts and hints, versioned: the version grows when a pool starts or stops holding,
+        holds more, or its hints change."""
         held = {key: pool.held for key, pool in self._pools.items() if pool.held}
-        if set(held) != set(self._last_held) or any(held[k] > self._last_held[k] for k in held):
+        demand = {key: hints for key, pool in self._pools.items() if (hints := pool.demand.active())}
+        if set(held) != set(self._last_held) or any(held[k] > self._last_held[k] for k in held) \
+                or demand != self._last_demand:
             self._version += 1
-        self._last_held = held
-        return ActivatorState(held=held, boot_id=self._boot_id, version=self._version)
+        self._last_held, self._last_demand = held, demand
+        return ActivatorState(held=held, demand=demand, boot_id=self._boot_id, version=self._version)
 
     def set_route(self, key: str, route: PoolRoute) -> None:
         """Serve ``key``'s clients by ``route`` (idempotent); held requests go as soon as it has targets."""
@@ -131,6 +138,10 @@ class Activator:
         key = self._hosts.get(host)
         if key is None:
             raise Refusal(404, RefusalReason.UNKNOWN_POOL, "no pool at zero is reached as this host")
+        if scope["path"] == DEMAND_PATH:
+            # A hint is answered here, not held: the trainer announcing a phase must not wait for it.
+            await self._pools[key].demand.receive(scope, receive, send)
+            return
         body = await bounded_body(scope, receive, self._limits.max_body_bytes, "request bodies")
         if body is None:
             return

@@ -116,3 +116,15 @@ def test_hints_from_gateways_and_the_annotation_set_the_floor_and_a_bad_annotati
         [EventReason.DEMAND_HINT_INVALID]
     again = reconcile(replace(bad, status=first.status, now=NOW + 5))
     assert not [e for e in again.events if e.reason == EventReason.DEMAND_HINT_INVALID], "once per change"
+
+
+def test_requests_held_at_zero_wake_the_pool_at_once_and_hints_through_the_activator_count() -> None:
+    zero = make_spec(0, autoscaling={**ZERO, "minReplicas": 2})
+    asleep = reconcile(replace(observe(zero, []), metrics=MetricSamples()))
+    assert asleep.decision is not None and asleep.decision.desired_replicas == 0
+    held = reconcile(replace(observe(zero, []), metrics=MetricSamples(), held=3))
+    assert held.decision is not None and (held.decision.desired_replicas, held.decision.limited_by) == \
+        (2, "HeldRequests")
+    relayed = (DemandHint(id="at-zero", requests=500, for_seconds=100),)
+    hinted = reconcile(replace(observe(zero, []), metrics=MetricSamples(), relayed_hints=relayed))
+    assert hinted.decision is not None and hinted.decision.desired_replicas == 5

@@ -28,6 +28,7 @@ import httpx
 import pytest
 from conftest import gateway_stack
 from genrm_contract.activator import ROUTES_PATH
+from genrm_contract.demand import DEMAND_PATH
 from genrm_testing import CONTROL_TOKEN, free_port, launched, wait_ready
 from test_apikey import BEARER, KEY, keyed_stack, write_key
 
@@ -159,3 +160,18 @@ def test_a_killed_activator_ends_its_held_connections_without_an_answer() -> Non
         os.kill(act.process.pid, signal.SIGKILL)
         sender.join()
         assert all(isinstance(r, httpx.TransportError) for r in results), results
+
+
+def test_a_hint_sent_at_zero_is_answered_at_once_and_reported_for_the_operator() -> None:
+    with activator() as act:
+        act.route([])
+        before = act.state()
+        answer = httpx.post(f"{act.url}{DEMAND_PATH}", headers={"host": HOST},
+                            json={"id": "phase-2", "requests": 100, "forSeconds": 60})
+        assert (answer.status_code, answer.json()) == (202, {"id": "phase-2", "expiresInSeconds": 60})
+        state = act.state()
+        assert state["version"] != before["version"] and state["held"] == {}
+        assert state["demand"] == {"rl/judge": [{"id": "phase-2", "requests": 100, "startsWithinSeconds": 0,
+                                                 "forSeconds": 60}]}
+        bad = httpx.post(f"{act.url}{DEMAND_PATH}", headers={"host": HOST}, json={"requests": -1})
+        assert bad.status_code == 400

@@ -73,10 +73,11 @@ def _annotation_events(previous: AutoscalerStatus | None, decision: Decision) ->
 
 
 def reported_hints(obs: Observed) -> tuple[tuple[DemandHint, ...], str | None]:
-    """Every demand hint reported now (by the gateways, then the annotation), and why the annotation is no hint."""
+    """Every demand hint reported now (by the gateways, the activators, the annotation), and why the
+    annotation is no hint."""
     annotated, error = annotation_hint(obs.demand_annotation)
     hints = [h for view in obs.sidecars.values() if view is not None for h in view.demand]
-    return (*hints, *((annotated,) if annotated is not None else ())), error
+    return (*hints, *obs.relayed_hints, *((annotated,) if annotated is not None else ())), error
 
 
 def idle_seconds(obs: Observed, replicas: list[Replica]) -> float | None:

@@ -95,6 +95,8 @@ class Observed:
     pods that carry it (`placement`)."""
     held: int = 0
     """Requests the activators hold for the pool (it is at zero or waking)."""
+    relayed_hints: tuple[DemandHint, ...] = ()
+    """Demand hints sent to the pool through the activators."""
     demand_annotation: str | None = None
     """The pool's ``genrm.io/demand`` annotation, as written (a hint as JSON, `genrm_contract.demand`)."""
     children: ObservedChildren | None = None

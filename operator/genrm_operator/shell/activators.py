@@ -19,6 +19,7 @@ from urllib.parse import quote
 
 import aiohttp
 from genrm_contract.activator import ROUTES_PATH, ActivatorState, PoolRoute
+from genrm_contract.demand import DemandHint
 from genrm_contract.sidecar import CONTROL_PORT_NAME, STATE_PATH, TRAFFIC_PORT_NAME, WAIT_PARAM
 from pydantic import ValidationError
 
@@ -63,6 +64,10 @@ class ActivatorFleet:
     def held(self, key: str) -> int:
         """Requests the activators hold for the pool ``key``."""
         return sum(a.state.held.get(key, 0) for a in self._activators.values() if a.state is not None)
+
+    def hints(self, key: str) -> tuple[DemandHint, ...]:
+        """Demand hints sent to the pool ``key`` through the activators (while it was at zero)."""
+        return tuple(h for a in self._activators.values() if a.state is not None for h in a.state.demand.get(key, ()))
 
     async def run(self) -> None:
         """Keep the activators' addresses current and follow each one's state, until cancelled."""
@@ -115,8 +120,9 @@ class ActivatorFleet:
             if state.boot_id != activator.boot_id:
                 activator.boot_id, activator.pushed = state.boot_id, {}  # (re)started: it knows no route
                 self._wake(None)
-            for key in set(state.held) | set(old.held if old is not None else {}):
-                if (old.held.get(key) if old is not None else None) != state.held.get(key):
+            before = old or ActivatorState(boot_id="", version=0)
+            for key in set(state.held) | set(before.held) | set(state.demand) | set(before.demand):
+                if before.held.get(key) != state.held.get(key) or before.demand.get(key) != state.demand.get(key):
                     self._wake(key)
 
     async def push(self, key: str, route: PoolRoute | None) -> None:

@@ -226,12 +226,14 @@ class PoolReconciler:
         annotation = (meta.get("annotations") or {}).get(DEMAND_ANNOTATION)
         key = pool_key(self.namespace, self.name)
         held = self.activators.held(key) if self.activators is not None else 0
+        relayed = self.activators.hints(key) if self.activators is not None else ()
         if self.activators is not None:
             children = dataclasses.replace(children, activator=self.activators.view())
         observed = Observed(
             name=self.name, generation=int(meta.get("generation", 0)), spec=spec, status=status,
             pods=views, sidecars=sidecars, now=time.time(), child_errors=child_errors, demand_annotation=annotation,
             gpu_products=self.observer.products({v.node for v in views if v.node}), children=children, held=held,
+            relayed_hints=relayed,
         )
         # A hint not seen before, or a request held at zero, makes the decision due now: the load is
         # on its way, or already here.
