@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml hack/pyproject.toml const
 CLUSTER ?= local
 VERSION := $(shell sed -n "s/^version = \"\(.*\)\"/\1/p" pyproject.toml)
 
-.PHONY: venv tools test unit lint e2e soak dev crds docs sglang-contract bench-gateway bench-parts bench-autoscaler bench-spread bench-operator images control-plane clean
+.PHONY: venv tools test unit lint e2e soak dev crds docs sglang-contract bench-gateway bench-parts bench-autoscaler bench-spread bench-scale-to-zero bench-operator images control-plane clean
 
 ## venv: the project and its development tools (hack/pyproject.toml: local cluster, benchmarks, test
 ## helpers; never shipped), both editable
@@ -85,6 +85,11 @@ bench-autoscaler: venv control-plane
 ## keep-alive client connections through the Service (CONNECTIONS=n,... to choose)
 bench-spread: venv tools control-plane
 	GENRM_BIN_DIR="$$(hack/control-plane.sh)" $(PY) -m bench.spread $(if $(CONNECTIONS),--connections $(CONNECTIONS))
+
+## bench-scale-to-zero: a judge phase on a pool that idled to zero, cold and with a demand hint 60 s ahead
+## (first answers beside the steady p50, requests held at zero, idle -> zero time)
+bench-scale-to-zero: venv tools control-plane
+	GENRM_BIN_DIR="$$(hack/control-plane.sh)" $(PY) -m bench.scale_to_zero
 
 ## bench-operator: operator reaction, publish overhead and cost beside the ReplicaSet controller;
 ## SIZES=PxR,... (pools x replicas), MODE=hollow|real|both (default both: 5x3,20x3 real, 10x5,50x20 hollow)

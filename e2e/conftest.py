@@ -6,10 +6,8 @@ pods, events and the pods' container logs are printed.
 
 from __future__ import annotations
 
-import base64
 import itertools
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,9 +15,7 @@ from pathlib import Path
 import pytest
 from genrm_cluster.cluster import LocalCluster
 
-from .harness import REPO, SOAK, TALLY, Cluster, OperatorProcess
-
-CHART = REPO / "charts" / "genrm-operator"
+from .harness import REPO, SOAK, TALLY, Cluster, OperatorProcess, deploy_activator
 
 _namespaces = itertools.count(1)
 
@@ -34,19 +30,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="session")
 def activator(cluster: Cluster) -> tuple[str, str]:
-    """The chart's activator (two pods, its Service and token) in ``genrm-system``, as `helm install`
-    makes it: its Service (``namespace/name``) and control token, for the operator."""
-    namespace, release = "genrm-system", "e2e"
-    cluster.kubectl("apply", "-f", "-", input=cluster.kubectl("create", "namespace", namespace,
-                                                               "--dry-run=client", "-o", "yaml"))
-    helm = [str(Path(cluster.bin_dir) / "helm"), "template", release, str(CHART), "-n", namespace,
-            "--kube-version", "1.36.3", "--show-only", "templates/activator.yaml"]
-    rendered = subprocess.run(helm, capture_output=True, text=True, check=True)
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=rendered.stdout)
-    name = f"{release}-genrm-operator-activator"
-    cluster.kubectl("rollout", "status", f"deployment/{name}", "-n", namespace, "--timeout=120s", timeout=130)
-    token = cluster.kubectl("get", "secret", name, "-n", namespace, "-o", "jsonpath={.data.token}")
-    return f"{namespace}/{name}", base64.b64decode(token).decode()
+    """The chart's activator, as `helm install` makes it: its Service and control token, for the operator."""
+    return deploy_activator(cluster)
 
 
 @pytest.fixture(scope="session")

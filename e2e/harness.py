@@ -7,6 +7,7 @@ their pod addresses inside the network namespaces the node agent created.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -213,6 +214,21 @@ def tail(path: Path, lines: int = 40) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError as exc:
         return f"<{exc}>"
+
+
+def deploy_activator(cluster: Cluster, release: str = "e2e", namespace: str = "genrm-system") -> tuple[str, str]:
+    """The chart's activator (two pods, its Service and token) in ``namespace``, rendered from the chart
+    as `helm install` makes it; its Service (``namespace/name``) and control token, for the operator."""
+    cluster.kubectl("apply", "-f", "-", input=cluster.kubectl("create", "namespace", namespace,
+                                                               "--dry-run=client", "-o", "yaml"))
+    helm = [str(Path(cluster.bin_dir) / "helm"), "template", release, str(REPO / "charts" / "genrm-operator"),
+            "-n", namespace, "--kube-version", "1.36.3", "--show-only", "templates/activator.yaml"]
+    rendered = subprocess.run(helm, capture_output=True, text=True, check=True)
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=rendered.stdout)
+    name = f"{release}-genrm-operator-activator"
+    cluster.kubectl("rollout", "status", f"deployment/{name}", "-n", namespace, "--timeout=120s", timeout=130)
+    token = cluster.kubectl("get", "secret", name, "-n", namespace, "-o", "jsonpath={.data.token}")
+    return f"{namespace}/{name}", base64.b64decode(token).decode()
 
 
 class OperatorProcess:
