@@ -146,28 +146,37 @@ class Activator:
         if body is None:
             return
         pool = self._pools[key]
-        if not pool.serving.is_set():
-            await self._hold(pool)
+        if not pool.serving.is_set() and not await self._hold(pool, receive):
+            return  # the client left while held: nothing to forward, nothing to answer
         current = self._pools.get(key)
         if current is None or not current.route.targets:
             raise Refusal(503, RefusalReason.POOL_REMOVED, "the pool's route was removed while the request was held",
                           ((b"retry-after", b"1"),), close=True)
         await self._forward(current, scope, body, send)
 
-    async def _hold(self, pool: _Pool) -> None:
-        """Wait for a serving replica, within the pool's bounds."""
+    async def _hold(self, pool: _Pool, receive: Receive) -> bool:
+        """Wait for a serving replica, within the pool's bounds; False when the client left meanwhile
+        (so a request nobody waits for is never judged, and never counted as held)."""
         route = pool.route
         if pool.held >= route.max_held:
             raise Refusal(503, RefusalReason.HOLD_QUEUE_FULL, f"{route.max_held} requests are already held for it",
                           ((b"retry-after", b"1"),), close=True)
         pool.held += 1
+        serving = asyncio.ensure_future(pool.serving.wait())
+        gone = asyncio.ensure_future(receive())  # the body is read: only a disconnect comes now
         try:
-            await asyncio.wait_for(pool.serving.wait(), route.hold_timeout_seconds)
-        except TimeoutError:
-            raise Refusal(503, RefusalReason.HOLD_TIMEOUT, f"no replica served within {route.hold_timeout_seconds:g}s",
-                          ((b"retry-after", b"5"),), close=True) from None
+            done, _ = await asyncio.wait((serving, gone), timeout=route.hold_timeout_seconds,
+                                         return_when=asyncio.FIRST_COMPLETED)
         finally:
             pool.held -= 1
+            for task in (serving, gone):
+                task.cancel()
+        if serving in done:
+            return True
+        if gone in done:
+            return False
+        raise Refusal(503, RefusalReason.HOLD_TIMEOUT, f"no replica served within {route.hold_timeout_seconds:g}s",
+                      ((b"retry-after", b"5"),), close=True)
 
     async def _forward(self, pool: _Pool, scope: Scope, body: bytes, send: Send) -> None:
         """Send the request to one serving replica (the next one after a refused connection) and

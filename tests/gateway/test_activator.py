@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -175,3 +176,24 @@ def test_a_hint_sent_at_zero_is_answered_at_once_and_reported_for_the_operator()
                                                  "forSeconds": 60}]}
         bad = httpx.post(f"{act.url}{DEMAND_PATH}", headers={"host": HOST}, json={"requests": -1})
         assert bad.status_code == 400
+
+
+def test_a_client_that_leaves_while_held_is_forgotten_and_never_forwarded() -> None:
+    with gateway_stack() as stack, activator() as act:
+        act.route([])
+        body = b'{"text": "left"}'
+        with socket.create_connection(("127.0.0.1", act.port)) as sock:
+            sock.sendall(b"POST /generate HTTP/1.1\r\nHost: " + HOST.encode() + b"\r\ncontent-type: application/json"
+                         b"\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            wait_held(act, {"rl/judge": 1})
+        wait_held(act, {})
+        act.route([f"127.0.0.1:{stack.port}"])
+        time.sleep(0.5)
+        assert stack.state()["admittedTotal"] == 0, "a request nobody waits for is never judged"
+
+
+def wait_held(act: RunningActivator, held: dict[str, int]) -> None:
+    deadline = time.monotonic() + 10
+    while act.state()["held"] != held:
+        assert time.monotonic() < deadline, act.state()
+        time.sleep(0.05)
