@@ -177,9 +177,12 @@ POOL_OVERVIEW = Dashboard(
                           "{{pool}}"),)),
         )),
         Row("Autoscaler", (
-            Panel("Autoscaler replicas", "What the autoscaler asks for against what the pool has.", "short",
+            Panel("Autoscaler replicas", "What the autoscaler asks for against what the pool has, and the floor "
+                  "the pool's demand hints (or requests held at zero) hold it at.", "short",
                   (Target(f"max by (pool) (genrm_autoscaler_desired_replicas{{{POOL}}})", "{{pool}} desired"),
-                   Target(f"max by (pool) (genrm_autoscaler_current_replicas{{{POOL}}})", "{{pool}} current"))),
+                   Target(f"max by (pool) (genrm_autoscaler_current_replicas{{{POOL}}})", "{{pool}} current"),
+                   Target(f"max by (pool) (genrm_autoscaler_demand_floor_replicas{{{POOL}}})",
+                          "{{pool}} demand floor"))),
             Panel("Metric vs target", "Each autoscaling signal's observed value against its target.", "short",
                   (Target(f"max by (pool, metric) (genrm_autoscaler_metric_value{{{POOL}}})",
                           "{{pool}} {{metric}} value"),
