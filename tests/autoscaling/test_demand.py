@@ -3,7 +3,9 @@
 Aspects: a hint raises the pool to ceil(rate / replicaRequestsPerSecond) at once, past the
 stabilization window and rate policies, bounded by maxReplicas, and recorded (decision record,
 status); hints add up, expire by themselves after startsWithinSeconds + forSeconds counted from when
-the operator first saw them, and an expired id reported again does not start again; a pool with
+the operator first saw them, and an expired id reported again does not start again; once a replica
+near its InFlight target was measured, the floor is sized from that throughput (a moving average)
+instead of the declared rate; a pool with
 scaleToZero goes to zero only when every replica reported idle for idleSeconds and no hint is
 active, never on missing reports, and wakes from zero to at least minReplicas on a hint; a pool
 without scaleToZero never goes below minReplicas.
@@ -16,7 +18,7 @@ from typing import Any
 from autoscaling_support import at, observe, serving, spec
 from genrm_contract.demand import DemandHint
 from genrm_operator.api.autoscaling import AutoscalerStatus
-from genrm_operator.autoscaling import decide
+from genrm_operator.autoscaling import ReplicaSample, ReplicaState, decide
 from genrm_operator.autoscaling.demand import annotation_hint, is_new
 from hypothesis import given
 from hypothesis import strategies as st
@@ -119,3 +121,21 @@ def test_property_the_outcome_is_within_bounds_and_never_below_the_floor(
     assert 1 <= d.desired_replicas <= 30
     assert floor <= 30 and d.desired_replicas >= floor
     assert (floor > 0) == bool(hints)
+
+
+def test_the_floor_is_sized_from_measured_throughput_once_a_busy_replica_was_measured() -> None:
+    s = spec(demand={"replicaRequestsPerSecond": "2"})  # InFlight target 10 per replica
+    idle = [ReplicaSample("r0", ReplicaState.SERVING, {"InFlight": 1.0}, throughput=3.0)]
+    first = decide(s, observe(0, idle), AutoscalerStatus())
+    assert first.status.replica_throughput is None, "a replica far below its target measures what was sent"
+    busy = [ReplicaSample("r0", ReplicaState.SERVING, {"InFlight": 9.0}, throughput=10.0),
+            ReplicaSample("r1", ReplicaState.SERVING, {"InFlight": 12.0}, throughput=14.0)]
+    measured = decide(s, observe(5, busy), first.status)
+    assert measured.status.replica_throughput == "12"
+    again = decide(s, observe(10, [ReplicaSample("r0", ReplicaState.SERVING, {"InFlight": 10.0}, throughput=2.0)]),
+                   measured.status)
+    assert again.status.replica_throughput == "9", "a moving average: 0.7 x 12 + 0.3 x 2"
+    # 4800 requests over 600 s = 8/s: 4 replicas at the declared 2/s, 1 at the measured 9/s.
+    hinted = decide(s, observe(15, serving(1.0), hints=[hint(4800, 600)]), again.status)
+    assert hinted.status.demand_floor == 1
+    assert decide(s, observe(15, serving(1.0), hints=[hint(4800, 600)]), AutoscalerStatus()).status.demand_floor == 4

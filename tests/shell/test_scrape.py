@@ -3,7 +3,8 @@
 Aspects under test: exposition parsing (every label set of a gauge kept, latency buckets summed
 over routes, absent engine series stay absent, series no metric reads dropped); Direct scraping
 of a live gateway in front of a live simulator (in-flight requests while requests run, queue,
-KV cache, latency after the second scrape, staleness of a dead target); and the Prometheus
+KV cache, latency after the second scrape, the answers per second between two scrapes, staleness
+of a dead target); and the Prometheus
 source against a real Prometheus scraping that gateway (per-pod values by ``pod`` label,
 pool-level and one-number queries, ambiguous or failed queries are missing).
 """
@@ -137,6 +138,7 @@ async def test_direct_source_scrapes_a_live_gateway(live: Gateway) -> None:
         assert 0.0 <= busy["judge-0"]["KVCache"] <= 1.0
         after = await source.sample(PER_REPLICA, targets, now=4.0, interval=2.0)
         assert 1.0 < after["judge-0"]["Latency"] < 5.0      # 15-40 tokens x 80 ms
+        assert source.throughputs() == {"judge-0": 1.5}     # the 3 answers over the 2 s between scrapes
 
 
 async def test_direct_source_keeps_a_sample_until_it_is_stale(live: Gateway) -> None:

@@ -329,7 +329,8 @@ class DemandSpec(ApiModel):
 
     replica_requests_per_second: PositiveQuantity = "4"
     """Judge requests per second one replica serves at its target load: a hint of N requests over T
-    seconds holds the pool at ``ceil(N / T / this)`` replicas (at most maxReplicas) while it lasts."""
+    seconds holds the pool at ``ceil(N / T / this)`` replicas (at most maxReplicas) while it lasts.
+    Only until the pool has measured it (status.autoscaler.replicaThroughput), which then replaces it."""
 
 
 class AutoscalingSpec(ApiModel):
@@ -459,6 +460,10 @@ class AutoscalerStatus(ApiModel):
     """The last decisions that changed something or were limited, oldest first."""
     demand_floor: int | None = Field(None, ge=0)
     """The replica floor the active demand hints hold the pool at; unset when no hint is active."""
+    replica_throughput: Quantity | None = None
+    """Requests per second one replica was measured to answer at its InFlight target (a moving average
+    over intervals where a replica was that busy); what demand hints are sized with once known,
+    instead of demand.replicaRequestsPerSecond. Unset until measured (direct scrapes only)."""
     demand: tuple[ActiveHint, ...] = Field((), max_length=MAX_ACTIVE_HINTS)
     """The demand hints in force, oldest first."""
     demand_seen: tuple[str, ...] = Field((), max_length=MAX_SEEN_HINTS)

@@ -45,7 +45,7 @@ from genrm_operator.api.autoscaling import (
 )
 from genrm_operator.api.status import Condition, ConditionReason, ConditionStatus, ConditionType
 
-from .demand import demand
+from .demand import demand, measured_throughput
 from .metrics import MetricOutcome, Tolerance, evaluate
 from .milli import MILLI, quantity_milli
 from .observation import Observation, ReplicaState
@@ -109,6 +109,8 @@ def decide(spec: AutoscalingSpec, observation: Observation, status: AutoscalerSt
     tolerance = Tolerance.of(spec.behavior)
     outcomes = tuple(evaluate(m, observation, tolerance) for m in spec.metrics)
     low, high = spec.min_replicas, spec.max_replicas
+    status = status.evolve(replica_throughput=measured_throughput(spec, observation.replicas,
+                                                                  status.replica_throughput))
     hinted = demand(spec.demand, status, observation.hints, observation.now, high)
     status = status.evolve(demand=hinted.active, demand_seen=hinted.seen, demand_floor=hinted.floor or None,
                            demand_annotation_error=observation.hint_error)

@@ -13,7 +13,7 @@ reported a hint, or an annotation left in place, may go on reporting it after it
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -25,9 +25,13 @@ from genrm_operator.api.autoscaling import (
     MAX_SEEN_HINTS,
     ActiveHint,
     AutoscalerStatus,
+    AutoscalingSpec,
     DemandSpec,
+    format_quantity,
     quantity_value,
 )
+
+from .observation import ReplicaSample, ReplicaState
 
 
 @dataclass(frozen=True)
@@ -57,13 +61,37 @@ def is_new(status: AutoscalerStatus | None, reported: Iterable[DemandHint]) -> b
     return any(h.id not in known for h in reported)
 
 
+BUSY = 0.8
+"""A replica at this share of its InFlight target or more serves near its target load: its rate is a
+measure of what one replica serves (a less busy one's rate says how much was sent, not what it can do)."""
+SMOOTHING = 0.3
+"""Weight of one interval's measure in the moving average: a few busy intervals settle it."""
+
+
+def measured_throughput(spec: AutoscalingSpec, replicas: Sequence[ReplicaSample], previous: str | None) -> str | None:
+    """The moving average of one replica's throughput at its InFlight target, updated with this
+    interval's busy replicas (unchanged when none was busy, or without an InFlight metric)."""
+    inflight = next((m for m in spec.metrics if m.type == "InFlight"), None)
+    if inflight is None:
+        return previous
+    busy_at = BUSY * quantity_value(inflight.target.quantity)
+    rates = [r.throughput for r in replicas if r.state is ReplicaState.SERVING and r.throughput is not None
+             and r.values.get(inflight.key, 0.0) >= busy_at]
+    if not rates:
+        return previous
+    sample = sum(rates) / len(rates)
+    estimate = sample if previous is None else (1 - SMOOTHING) * quantity_value(previous) + SMOOTHING * sample
+    return format_quantity(estimate) if estimate > 0 else previous
+
+
 def demand(spec: DemandSpec, status: AutoscalerStatus, reported: Iterable[DemandHint], now: datetime,
            max_replicas: int) -> Demand:
     """Fold the reported hints into the ones in force, expire the old ones and size the floor.
 
     A reported hint with an id in force replaces it only when its content changed (the sender
     re-announced the phase): its lifetime then counts again from now. The floor is the summed rate
-    over ``replicaRequestsPerSecond``, rounded up, and never above ``max_replicas``.
+    over one replica's measured throughput (``status.replicaThroughput``), or the declared
+    ``replicaRequestsPerSecond`` until one is measured, rounded up, and never above ``max_replicas``.
     """
     seen = list(status.demand_seen)
     active = {h.id: h for h in status.demand if h.until > now}
@@ -78,5 +106,7 @@ def demand(spec: DemandSpec, status: AutoscalerStatus, reported: Iterable[Demand
                                      seen_at=now, until=now + timedelta(seconds=hint.lifetime))
     kept = tuple(active.values())[-MAX_ACTIVE_HINTS:]
     rate = sum(h.requests / h.for_seconds for h in kept)
-    floor = min(max_replicas, math.ceil(rate / quantity_value(spec.replica_requests_per_second))) if kept else 0
+    measured = status.replica_throughput
+    capacity = quantity_value(measured) if measured else quantity_value(spec.replica_requests_per_second)
+    floor = min(max_replicas, math.ceil(rate / capacity)) if kept else 0
     return Demand(active=kept, seen=tuple(dict.fromkeys(seen))[-MAX_SEEN_HINTS:], floor=floor)

@@ -38,6 +38,8 @@ class ReplicaSample:
     name: str
     state: ReplicaState
     values: Mapping[str, float] = field(default_factory=dict)
+    throughput: float | None = None
+    """Requests per second it answered over the last interval, when measured (direct scrapes only)."""
 
 
 @dataclass(frozen=True)

@@ -127,3 +127,11 @@ SIGNALS: Mapping[MetricType, Signal] = {
 
 SERIES: frozenset[str] = frozenset(s for signal in SIGNALS.values() for s in signal.series)
 """The series the direct source keeps from an exposition."""
+
+
+def finished_requests(scrape: Scrape) -> float:
+    """Requests the replica has answered since it started: the latency histogram's count (its +Inf
+    bucket), which every answer lands in (no sample yet: none answered). The rate of this between
+    scrapes is the replica's throughput."""
+    buckets = scrape.histograms.get(Series.REQUEST_DURATION)
+    return buckets[-1][1] if buckets else 0.0

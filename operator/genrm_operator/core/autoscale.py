@@ -99,13 +99,15 @@ def idle_seconds(obs: Observed, replicas: list[Replica]) -> float | None:
 def observation(obs: Observed, replicas: list[Replica]) -> Observation:
     """The control law's view of the pool: serving and starting replicas (draining ones are not capacity)."""
     samples = obs.metrics.per_replica if obs.metrics is not None else {}
+    throughput = obs.metrics.throughput if obs.metrics is not None else {}
     hints, hint_error = reported_hints(obs)
     return Observation(
         now=datetime.fromtimestamp(obs.now, UTC),
         current_replicas=obs.spec.replicas,
         replicas=[
             ReplicaSample(r.pod.name, _STATE[r.role],
-                          dict(samples.get(r.pod.name, {})) if r.role is Role.SERVING else {})
+                          dict(samples.get(r.pod.name, {})) if r.role is Role.SERVING else {},
+                          throughput.get(r.pod.name) if r.role is Role.SERVING else None)
             for r in replicas if r.role in _STATE
         ],
         unschedulable=sum(1 for r in replicas if r.role is Role.STARTING and r.pod.unschedulable),

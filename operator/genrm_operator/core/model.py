@@ -72,6 +72,8 @@ class MetricSamples:
     """Metric values by pod name and metric key, for the published replicas that answered."""
     pool: Mapping[str, float] = field(default_factory=dict)
     """Pool-level query values by metric key (Prometheus queries)."""
+    throughput: Mapping[str, float] = field(default_factory=dict)
+    """Requests per second each replica answered between its last two direct scrapes (`demand`'s measure)."""
 
 
 @dataclass(frozen=True)

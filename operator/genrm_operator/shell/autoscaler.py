@@ -71,7 +71,8 @@ class PoolAutoscaler:
         if self.seconds_until_due() > 0 and not now:
             return None
         values, pool_values = await self._sample(scaling, published, endpoints)
-        return MetricSamples(values, pool_values)
+        throughput = self._direct.throughputs() if self._direct is not None else {}
+        return MetricSamples(values, pool_values, {n: t for n, t in throughput.items() if n in published})
 
     async def _sample(self, scaling: AutoscalingSpec, published: Sequence[str], endpoints: Mapping[str, Endpoint],
                       ) -> tuple[dict[str, dict[str, float]], dict[str, float]]:

@@ -38,7 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ..api.autoscaling import MetricSpec
 from ..autoscaling.histogram import Buckets
-from ..autoscaling.signals import SERIES, SIGNALS, Scrape
+from ..autoscaling.signals import SERIES, SIGNALS, Scrape, finished_requests
 
 log = logging.getLogger(__name__)
 STALE_INTERVALS = 3
@@ -90,8 +90,21 @@ class _Memory:
     """What is kept per replica between decisions."""
 
     last: Scrape | None = None
+    last_at: float = -math.inf
     values: dict[str, float] = field(default_factory=dict)
     values_at: float = -math.inf
+    throughput: float | None = None
+    """Requests per second answered between the last two scrapes (None without two, or after a restart)."""
+
+
+def _rate(before: Scrape | None, before_at: float, after: Scrape, now: float) -> float | None:
+    """Answers per second between two scrapes of one replica; None for a first scrape or a counter reset."""
+    if before is None or now <= before_at:
+        return None
+    start, end = finished_requests(before), finished_requests(after)
+    if end < start:
+        return None
+    return (end - start) / (now - before_at)
 
 
 class DirectSource:
@@ -117,10 +130,15 @@ class DirectSource:
             memory = self._memory[name]
             if scrape is not None:
                 memory.values, memory.values_at = replica_values(metrics, scrape, memory.last), now
-                memory.last = scrape
+                memory.throughput = _rate(memory.last, memory.last_at, scrape, now)
+                memory.last, memory.last_at = scrape, now
             if now - memory.values_at <= STALE_INTERVALS * interval:
                 out[name] = memory.values
         return out
+
+    def throughputs(self) -> dict[str, float]:
+        """Each replica's requests per second between its last two scrapes, where known."""
+        return {name: m.throughput for name, m in self._memory.items() if m.throughput is not None}
 
     async def _scrape(self, url: str, seconds: float) -> Scrape | None:
         async with self._limit:
