@@ -22,6 +22,7 @@ import contextlib
 import hmac
 import itertools
 import json
+import re
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -39,11 +40,30 @@ from genrm_gateway.connection import Connections, GatewayProtocol, protocol_clas
 from genrm_gateway.demand import DemandBoard
 from genrm_gateway.errors import CLOSE_HEADER, REASON_HEADER, Refusal, error_body
 
-# Hop-by-hop fields (RFC 9110 7.6.1) and the ones the forwarding client sets itself.
-_NOT_FORWARDED = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
-                            b"transfer-encoding", b"upgrade", b"host", b"content-length"})
-_NOT_RETURNED = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"content-length"})
+# Hop-by-hop fields (RFC 9110 7.6.1), never passed on either way, and the framing the forwarding
+# client and the server each write themselves.
+_HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
+                         b"transfer-encoding", b"upgrade"})
+_NOT_FORWARDED = _HOP_BY_HOP | {b"host", b"content-length"}
+_NOT_RETURNED = _HOP_BY_HOP | {b"content-length"}
 ROUTE_BODY_BYTES = 64 * 1024
+FORWARD_TIMEOUT = httpx.Timeout(900.0, connect=5.0)
+"""Connecting to a replica fails fast (another may take the request); its answer may take as long as a
+long judge generation (the replica's gateway bounds the engine's own silences)."""
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def host_key(host: str) -> str:
+    """A Host value as routes are matched: lower case, no trailing dot, and a Service's DNS name cut
+    after ``.svc`` (``judge.rl.svc.cluster.local:8000`` -> ``judge.rl.svc:8000``), whatever the
+    cluster's domain is."""
+    name, port = host.lower(), ""
+    if not name.startswith("[") and name.count(":") == 1:
+        name, port = name.split(":")
+    name = name.rstrip(".")
+    if ".svc." in name:
+        name = name[:name.index(".svc.") + len(".svc")]
+    return f"{name}:{port}" if port else name
 
 
 @dataclass
@@ -76,12 +96,11 @@ class Activator:
         return protocol_class(self.connections)
 
     def state(self) -> ActivatorState:
-        """The held counts and hints, versioned: the version grows when a pool starts or stops holding,
-        holds more, or its hints change."""
+        """The held counts and hints, versioned: the version grows whenever either changes (the long
+        poll's tick bounds how often that is sent)."""
         held = {key: pool.held for key, pool in self._pools.items() if pool.held}
         demand = {key: hints for key, pool in self._pools.items() if (hints := pool.demand.active())}
-        if set(held) != set(self._last_held) or any(held[k] > self._last_held[k] for k in held) \
-                or demand != self._last_demand:
+        if held != self._last_held or demand != self._last_demand:
             self._version += 1
         self._last_held, self._last_demand = held, demand
         return ActivatorState(held=held, demand=demand, boot_id=self._boot_id, version=self._version)
@@ -92,7 +111,7 @@ class Activator:
         if pool is None:
             pool = self._pools[key] = _Pool(route)
         pool.route = route
-        self._hosts = {h: k for k, p in self._pools.items() for h in p.route.hosts}
+        self._index_hosts()
         if route.targets:
             pool.serving.set()
         else:
@@ -103,7 +122,16 @@ class Activator:
         pool = self._pools.pop(key, None)
         if pool is not None:
             pool.serving.set()
-        self._hosts = {h: k for k, p in self._pools.items() for h in p.route.hosts}
+        self._index_hosts()
+
+    def _index_hosts(self) -> None:
+        """Host -> pool. A Host two pools claim (a bare Service name used in two namespaces) is
+        nobody's: guessing would send one pool's judge requests to another."""
+        claims: dict[str, set[str]] = {}
+        for key, pool in self._pools.items():
+            for host in pool.route.hosts:
+                claims.setdefault(host_key(host), set()).add(key)
+        self._hosts = {host: next(iter(keys)) for host, keys in claims.items() if len(keys) == 1}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -124,8 +152,10 @@ class Activator:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                self._http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0),
+                self._http = httpx.AsyncClient(timeout=FORWARD_TIMEOUT,
                                                limits=httpx.Limits(max_keepalive_connections=64))
+                for default in ("accept", "accept-encoding", "user-agent"):  # only what the client sent goes on
+                    self._http.headers.pop(default, None)
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 if self._http is not None:
@@ -134,8 +164,8 @@ class Activator:
                 return
 
     async def _traffic(self, scope: Scope, receive: Receive, send: Send) -> None:
-        host = next((v.decode("latin-1").lower() for k, v in scope["headers"] if k == b"host"), "")
-        key = self._hosts.get(host)
+        host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
+        key = self._hosts.get(host_key(host))
         if key is None:
             raise Refusal(404, RefusalReason.UNKNOWN_POOL, "no pool at zero is reached as this host")
         if scope["path"] == DEMAND_PATH:
@@ -145,7 +175,10 @@ class Activator:
         body = await bounded_body(scope, receive, self._limits.max_body_bytes, "request bodies")
         if body is None:
             return
-        pool = self._pools[key]
+        pool = self._pools.get(key)
+        if pool is None:
+            raise Refusal(503, RefusalReason.POOL_REMOVED, "the pool's route was removed while the body was read",
+                          ((b"retry-after", b"1"),), close=True)
         if not pool.serving.is_set() and not await self._hold(pool, receive):
             return  # the client left while held: nothing to forward, nothing to answer
         current = self._pools.get(key)
@@ -182,7 +215,9 @@ class Activator:
         """Send the request to one serving replica (the next one after a refused connection) and
         stream its answer back, closing the client's connection after it."""
         assert self._http is not None
-        headers = [(k, v) for k, v in scope["headers"] if k not in _NOT_FORWARDED]
+        listed = {t.strip().lower().encode("latin-1") for k, v in scope["headers"] if k == b"connection"
+                  for t in v.decode("latin-1").split(",")}
+        headers = [(k, v) for k, v in scope["headers"] if k not in _NOT_FORWARDED and k not in listed]
         path = scope["raw_path"].decode("latin-1") + (f"?{scope['query_string'].decode('latin-1')}"
                                                       if scope["query_string"] else "")
         targets = pool.route.targets
@@ -193,14 +228,24 @@ class Activator:
                                                content=body)
             try:
                 answer = await self._http.send(request, stream=True)
-            except httpx.ConnectError:
+            except (httpx.ConnectError, httpx.ConnectTimeout):
                 continue  # never reached the replica: nothing was sent, another may take it
+            except httpx.TransportError as exc:
+                # The request may have reached the replica (and be judged): never sent twice.
+                raise Refusal(502, RefusalReason.ENGINE_DISCONNECTED, f"the replica did not answer: {exc}",
+                              ((b"retry-after", b"1"),), close=True) from None
             try:
-                start = [(k, v) for k, v in answer.headers.raw if k.lower() not in _NOT_RETURNED]
+                returned = {t.strip().lower().encode("latin-1") for k, v in answer.headers.raw
+                            if k.lower() == b"connection" for t in v.decode("latin-1").split(",")}
+                start = [(k, v) for k, v in answer.headers.raw
+                         if k.lower() not in _NOT_RETURNED and k.lower() not in returned]
                 await send({"type": "http.response.start", "status": answer.status_code,
                             "headers": [*start, CLOSE_HEADER]})
-                async for chunk in answer.aiter_raw():
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                try:
+                    async for chunk in answer.aiter_raw():
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                except httpx.TransportError:
+                    return  # cut mid-answer: the unfinished body and the closed connection tell the client
                 await send({"type": "http.response.body", "body": b""})
             finally:
                 await answer.aclose()
@@ -217,8 +262,8 @@ class Activator:
             await self._state(scope, send)
             return
         parts = path[len(ROUTES_PATH) + 1:].split("/") if path.startswith(ROUTES_PATH + "/") else []
-        if len(parts) != 2 or not all(parts):
-            raise Refusal(404, RefusalReason.NOT_FOUND, "no such route")
+        if len(parts) != 2 or not all(_LABEL.fullmatch(p) for p in parts):
+            raise Refusal(404, RefusalReason.NOT_FOUND, "no such route: /v1/routes/<namespace>/<pool> (DNS labels)")
         key = pool_key(*parts)
         if method == "DELETE":
             self.delete_route(key)

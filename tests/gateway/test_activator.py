@@ -30,6 +30,7 @@ import pytest
 from conftest import gateway_stack
 from genrm_contract.activator import ROUTES_PATH
 from genrm_contract.demand import DEMAND_PATH
+from genrm_gateway.activator import host_key
 from genrm_testing import CONTROL_TOKEN, free_port, launched, wait_ready
 from test_apikey import BEARER, KEY, keyed_stack, write_key
 
@@ -197,3 +198,58 @@ def wait_held(act: RunningActivator, held: dict[str, int]) -> None:
     while act.state()["held"] != held:
         assert time.monotonic() < deadline, act.state()
         time.sleep(0.05)
+
+
+def test_host_values_are_matched_as_clients_send_them() -> None:
+    assert host_key("Judge.RL.svc.cluster.local.:8000") == "judge.rl.svc:8000"
+    assert host_key("judge.rl.svc.example.org") == "judge.rl.svc"
+    assert host_key("10.96.0.12:8000") == "10.96.0.12:8000"
+    assert host_key("[fd00::1]:8000") == "[fd00::1]:8000"
+    with gateway_stack() as stack, activator() as act:
+        body = {"hosts": ["Judge", "judge:8000", "judge.rl", "judge.rl.svc", "judge.rl.svc:8000"],
+                "targets": [f"127.0.0.1:{stack.port}"], "maxHeld": 8, "holdTimeoutSeconds": 5}
+        assert httpx.put(f"{act.control}{ROUTES_PATH}/rl/judge", json=body, headers=AUTH).status_code == 200
+        for host in ("judge:8000", "JUDGE", "judge.rl.svc.cluster.local:8000", "judge.rl.svc.corp.internal."):
+            answer = httpx.post(f"{act.url}/generate", json={"text": "x"}, headers={"host": host})
+            assert answer.status_code == 200, (host, answer.text)
+        twin = {**body, "hosts": ["judge", "judge.ml"]}
+        assert httpx.put(f"{act.control}{ROUTES_PATH}/ml/judge", json=twin, headers=AUTH).status_code == 200
+        ambiguous = httpx.post(f"{act.url}/generate", json={"text": "x"}, headers={"host": "judge"})
+        assert ambiguous.status_code == 404, "a bare name two pools claim is nobody's"
+        assert httpx.post(f"{act.url}/generate", json={"text": "x"}, headers={"host": "judge.ml"}).status_code == 200
+        assert httpx.put(f"{act.control}{ROUTES_PATH}/a%20b/..", json=body, headers=AUTH).status_code == 404
+
+
+def test_a_replica_that_drops_the_request_gets_a_502_and_a_route_removed_mid_body_a_503() -> None:
+    with activator() as act, socket.create_server(("127.0.0.1", 0)) as rude:
+        port = rude.getsockname()[1]
+
+        def accept_and_close() -> None:
+            conn, _ = rude.accept()
+            conn.recv(65536)
+            conn.close()
+        threading.Thread(target=accept_and_close, daemon=True).start()
+        act.route([f"127.0.0.1:{port}"])
+        dropped = httpx.post(f"{act.url}/generate", json={"text": "x"}, headers={"host": HOST})
+        assert (dropped.status_code, dropped.json()["error"]["reason"]) == (502, "engineDisconnected")
+        body = b'{"text": "half"}'
+        with socket.create_connection(("127.0.0.1", act.port)) as sock:
+            sock.sendall(b"POST /generate HTTP/1.1\r\nHost: " + HOST.encode() + b"\r\ncontent-type: application/json"
+                         b"\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body[:5])
+            time.sleep(0.3)
+            assert httpx.delete(f"{act.control}{ROUTES_PATH}/rl/judge", headers=AUTH).status_code == 200
+            sock.sendall(body[5:])
+            answer = sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 503") and b"poolRemoved" in answer, answer
+
+
+def test_the_state_version_grows_when_the_held_count_falls_too() -> None:
+    with activator() as act:
+        act.route([], hold_timeout=1.0)
+        results: list[httpx.Response | Exception] = []
+        sender = threading.Thread(target=lambda: results.extend(_send_all(act.url, 2)))
+        sender.start()
+        wait_held(act, {"rl/judge": 2})
+        version = int(act.state()["version"])  # type: ignore[call-overload]
+        sender.join()
+        assert act.state(version=version, wait=5)["held"] == {}, "the operator hears that nothing is held"

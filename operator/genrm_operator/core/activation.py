@@ -40,7 +40,7 @@ def serving_addresses(pool: str, objects: Iterable[Manifest]) -> tuple[str, ...]
     for obj in objects:
         labels = (obj.get("metadata") or {}).get("labels") or {}
         if obj.get("kind") != "EndpointSlice" or labels.get(MANAGED_BY_LABEL) != CONTROLLER \
-                or labels.get(SERVICE_NAME_LABEL) != service_name(pool):
+                or labels.get(SERVICE_NAME_LABEL) != service_name(pool) or obj.get("addressType", "IPv4") != "IPv4":
             continue
         port = next((p.get("port") for p in obj.get("ports") or [] if p.get("name") == TRAFFIC_PORT_NAME), None)
         for endpoint in obj.get("endpoints") or []:
@@ -58,7 +58,8 @@ def wants_activator(obs: Observed, serving: tuple[str, ...]) -> bool:
 
 
 def activator_in_place(obs: Observed) -> bool:
-    """Whether the activator's slice exists and lists the activator: the last replica may go."""
+    """Whether the activator's slice exists and lists only activators that have the pool's route (the
+    shell passes only those): the last replica may go."""
     if obs.children is None or obs.children.activator is None:
         return True  # no activator configured: scale to zero refuses at zero, nothing to wait for
     have = obs.children.objects.get("EndpointSlice")
@@ -95,7 +96,9 @@ def pool_route(obs: Observed) -> PoolRoute | None:
 def route(obs: Observed, namespace: str, serving: tuple[str, ...], cluster_ip: str | None, port: int) -> PoolRoute:
     """The pool's route from what was observed of its Service."""
     name = service_name(obs.name)
-    names = [f"{name}.{namespace}", f"{name}.{namespace}.svc", f"{name}.{namespace}.svc.cluster.local"]
+    # The activator cuts a Service's DNS name after ".svc" (any cluster domain) before matching, and
+    # refuses a bare name two pools claim.
+    names = [name, f"{name}.{namespace}", f"{name}.{namespace}.svc"]
     if cluster_ip:
         names.append(cluster_ip)
     hosts = [h for n in names for h in (n, f"{n}:{port}")]

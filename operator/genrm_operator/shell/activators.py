@@ -34,6 +34,8 @@ RETRY_SECONDS = 1.0
 
 @dataclass
 class _Activator:
+    address: str
+    """Its pod IP."""
     control: str
     """``http://ip:port`` of its control port."""
     task: asyncio.Task[None] | None = None
@@ -53,13 +55,15 @@ class ActivatorFleet:
         self.kube, self.namespace, self.service = kube, namespace, service
         self._headers = {"Authorization": f"Bearer {token}"}
         self._wake = wake
-        self._view: ActivatorView | None = None
+        self._traffic_port = 0
         self._activators: dict[str, _Activator] = {}
         self._session: aiohttp.ClientSession | None = None
 
-    def view(self) -> ActivatorView | None:
-        """The activators' ready addresses and traffic port; None until the first list (or with none ready)."""
-        return self._view
+    def view(self, key: str) -> ActivatorView:
+        """The ready activators that have the pool ``key``'s route, and their traffic port: only those
+        may stand in for the pool's replicas (another would answer its clients ``404 unknownPool``)."""
+        known = sorted(a.address for a in self._activators.values() if key in a.pushed and a.pushed[key] is not None)
+        return ActivatorView(tuple(known), self._traffic_port)
 
     def held(self, key: str) -> int:
         """Requests the activators hold for the pool ``key``."""
@@ -92,13 +96,14 @@ class ActivatorFleet:
             traffic, control = ports.get(TRAFFIC_PORT_NAME) or traffic, ports.get(CONTROL_PORT_NAME) or control
             addresses |= {a for e in piece.get("endpoints") or [] if (e.get("conditions") or {}).get("ready")
                           for a in e.get("addresses") or []}
-        self._view = ActivatorView(tuple(sorted(addresses)), traffic) if addresses and traffic and control else None
-        wanted = {f"http://{a}:{control}" for a in addresses} if control else set()
-        for gone in set(self._activators) - wanted:
+        self._traffic_port = traffic
+        wanted = {f"http://{a}:{control}": a for a in addresses} if traffic and control else {}
+        for gone in set(self._activators) - set(wanted):
             if (task := self._activators.pop(gone).task) is not None:
                 task.cancel()
-        for url in wanted - set(self._activators):
-            activator = self._activators[url] = _Activator(url)
+            self._wake(None)  # the pools it stood in for drop it from their slices
+        for url in set(wanted) - set(self._activators):
+            activator = self._activators[url] = _Activator(wanted[url], url)
             activator.task = asyncio.ensure_future(self._follow(activator))
 
     async def _follow(self, activator: _Activator) -> None:
@@ -149,4 +154,6 @@ class ActivatorFleet:
             if ok and route is None:
                 activator.pushed.pop(key, None)
             elif ok:
+                if not known:
+                    self._wake(key)  # it can stand in for the pool now: the next step may list it
                 activator.pushed[key] = route

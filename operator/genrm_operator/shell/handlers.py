@@ -162,7 +162,7 @@ async def slices_by_pool(namespace: str | None, labels: Mapping[str, str], body:
                          **_: Any) -> dict[tuple[str, str], Manifest]:
     """The EndpointSlices of each pool's Service: the controller's (labels copied from the Service) and
     the activator's."""
-    return _child_entry("EndpointSlice", namespace, labels, body, "endpoints", "ports")
+    return _child_entry("EndpointSlice", namespace, labels, body, "addressType", "endpoints", "ports")
 
 
 def _child_entry(kind: str, namespace: str | None, labels: Mapping[str, str], body: kopf.Body,

@@ -228,7 +228,7 @@ class PoolReconciler:
         held = self.activators.held(key) if self.activators is not None else 0
         relayed = self.activators.hints(key) if self.activators is not None else ()
         if self.activators is not None:
-            children = dataclasses.replace(children, activator=self.activators.view())
+            children = dataclasses.replace(children, activator=self.activators.view(key))
         observed = Observed(
             name=self.name, generation=int(meta.get("generation", 0)), spec=spec, status=status,
             pods=views, sidecars=sidecars, now=time.time(), child_errors=child_errors, demand_annotation=annotation,
