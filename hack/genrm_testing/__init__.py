@@ -122,3 +122,16 @@ def run_gateway(engine_url: str, *args: str, ready: bool = True) -> Iterator[Run
         gateway = RunningGateway(proc, port, control_port)
         wait_ready(f"{gateway.control}/healthz/{'ready' if ready else 'live'}")
         yield gateway
+
+
+@contextmanager
+def run_activator(*args: str) -> Iterator[RunningGateway]:
+    """A ``genrm-gateway activator`` process on free loopback ports with ``CONTROL_TOKEN`` (its handle
+    is a gateway's: the same two ports), yielded once its control port answers."""
+    port, control_port = free_port(), free_port()
+    command = [sys.executable, "-m", "genrm_gateway", "activator", "--host", "127.0.0.1", "--port", str(port),
+               "--control-port", str(control_port), *args]
+    with launched(command, env=os.environ | {"GENRM_CONTROL_TOKEN": CONTROL_TOKEN}) as proc:
+        running = RunningGateway(proc, port, control_port)
+        wait_ready(f"{running.control}/v1/state", status=401)
+        yield running

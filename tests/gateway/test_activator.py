@@ -15,14 +15,9 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -31,7 +26,7 @@ from conftest import gateway_stack
 from genrm_contract.activator import ROUTES_PATH
 from genrm_contract.demand import DEMAND_PATH
 from genrm_gateway.activator import host_key
-from genrm_testing import CONTROL_TOKEN, free_port, launched, wait_ready
+from genrm_testing import CONTROL_TOKEN, RunningGateway, run_activator
 from test_apikey import BEARER, KEY, keyed_stack, write_key
 
 pytestmark = pytest.mark.timeout(60)
@@ -39,42 +34,20 @@ AUTH = {"authorization": f"Bearer {CONTROL_TOKEN}"}
 HOST = "judge.rl.svc"
 
 
-@dataclass(frozen=True)
-class RunningActivator:
-    process: subprocess.Popen[bytes]
-    port: int
-    control_port: int
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def control(self) -> str:
-        return f"http://127.0.0.1:{self.control_port}"
-
-    def route(self, targets: list[str], max_held: int = 64, hold_timeout: float = 30.0) -> None:
-        body = {"hosts": [HOST, f"{HOST}:8000"], "targets": targets, "maxHeld": max_held,
-                "holdTimeoutSeconds": hold_timeout}
-        answer = httpx.put(f"{self.control}{ROUTES_PATH}/rl/judge", json=body, headers=AUTH)
-        assert answer.status_code == 200, answer.text
-
-    def state(self, version: int | None = None, wait: float = 0.0) -> dict[str, object]:
-        params = {} if version is None else {"version": version, "waitSeconds": wait}
-        document: dict[str, object] = httpx.get(f"{self.control}/v1/state", params=params, headers=AUTH,
-                                                timeout=wait + 5).json()
-        return document
+def route(act: RunningGateway, targets: list[str], max_held: int = 64, hold_timeout: float = 30.0) -> None:
+    """Give the activator the pool ``rl/judge``'s route, as the operator does."""
+    body = {"hosts": [HOST, f"{HOST}:8000"], "targets": targets, "maxHeld": max_held,
+            "holdTimeoutSeconds": hold_timeout}
+    answer = httpx.put(f"{act.control}{ROUTES_PATH}/rl/judge", json=body, headers=AUTH)
+    assert answer.status_code == 200, answer.text
 
 
-@contextmanager
-def activator() -> Iterator[RunningActivator]:
-    port, control_port = free_port(), free_port()
-    command = [sys.executable, "-m", "genrm_gateway", "activator", "--host", "127.0.0.1", "--port", str(port),
-               "--control-port", str(control_port)]
-    with launched(command, env=os.environ | {"GENRM_CONTROL_TOKEN": CONTROL_TOKEN}) as proc:
-        running = RunningActivator(proc, port, control_port)
-        wait_ready(f"{running.control}/v1/state", status=401)
-        yield running
+def state(act: RunningGateway, version: int | None = None, wait: float = 0.0) -> dict[str, object]:
+    """The activator's state (a long poll when ``version`` is given)."""
+    params = {} if version is None else {"version": version, "waitSeconds": wait}
+    document: dict[str, object] = httpx.get(f"{act.control}/v1/state", params=params, headers=AUTH,
+                                            timeout=wait + 5).json()
+    return document
 
 
 def _send_all(url: str, count: int, headers: dict[str, str] | None = None) -> list[httpx.Response | Exception]:
@@ -96,30 +69,30 @@ def _send_all(url: str, count: int, headers: dict[str, str] | None = None) -> li
 
 
 def test_held_requests_are_reported_then_forwarded_to_the_first_replica_and_all_answered() -> None:
-    with gateway_stack() as stack, activator() as act:
-        act.route([])
-        before = act.state()
+    with gateway_stack() as stack, run_activator() as act:
+        route(act, [])
+        before = state(act)
         results: list[httpx.Response | Exception] = []
         sender = threading.Thread(target=lambda: results.extend(_send_all(act.url, 8)))
         sender.start()
-        woke = act.state(version=int(before["version"]), wait=10)  # type: ignore[call-overload]
+        woke = state(act, version=int(before["version"]), wait=10)  # type: ignore[call-overload]
         deadline = time.monotonic() + 10
-        while act.state()["held"] != {"rl/judge": 8} and time.monotonic() < deadline:
+        while state(act)["held"] != {"rl/judge": 8} and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert act.state()["held"] == {"rl/judge": 8}
+        assert state(act)["held"] == {"rl/judge": 8}
         assert woke["held"], "the first held request wakes a long poll (the operator acts at once)"
-        act.route([f"127.0.0.1:{stack.port}"])
+        route(act, [f"127.0.0.1:{stack.port}"])
         sender.join()
         assert all(isinstance(r, httpx.Response) and r.status_code == 200 for r in results), results
         assert all(r.headers["connection"] == "close" for r in results if isinstance(r, httpx.Response))
-        assert act.state()["held"] == {}
+        assert state(act)["held"] == {}
         direct = httpx.post(f"{act.url}/generate", json={"text": "now"}, headers={"host": HOST})
         assert direct.status_code == 200, "with a replica serving, nothing waits"
 
 
 def test_the_hold_queue_and_the_hold_time_are_bounded_with_a_retryable_503() -> None:
-    with activator() as act:
-        act.route([], max_held=2, hold_timeout=1.0)
+    with run_activator() as act:
+        route(act, [], max_held=2, hold_timeout=1.0)
         results = _send_all(act.url, 3)
         codes = sorted((r.status_code, r.json()["error"]["reason"]) for r in results if isinstance(r, httpx.Response))
         assert codes == [(503, "holdQueueFull"), (503, "holdTimeout"), (503, "holdTimeout")], results
@@ -127,8 +100,8 @@ def test_the_hold_queue_and_the_hold_time_are_bounded_with_a_retryable_503() -> 
 
 
 def test_unknown_hosts_and_control_calls_without_the_token_are_refused() -> None:
-    with activator() as act:
-        act.route([])
+    with run_activator() as act:
+        route(act, [])
         stranger = httpx.post(f"{act.url}/generate", json={"text": "x"}, headers={"host": "other.ns"})
         assert (stranger.status_code, stranger.json()["error"]["reason"]) == (404, "unknownPool")
         assert httpx.get(f"{act.control}/v1/state").status_code == 401
@@ -142,8 +115,8 @@ def test_unknown_hosts_and_control_calls_without_the_token_are_refused() -> None
 def test_the_clients_api_key_reaches_the_gateway() -> None:
     with tempfile.TemporaryDirectory() as directory:
         write_key(Path(directory), KEY)
-        with keyed_stack(Path(directory)) as stack, activator() as act:
-            act.route([f"127.0.0.1:{stack.port}"])
+        with keyed_stack(Path(directory)) as stack, run_activator() as act:
+            route(act, [f"127.0.0.1:{stack.port}"])
             keyed = httpx.post(f"{act.url}/generate", json={"text": "k"}, headers={"host": HOST, **BEARER})
             assert keyed.status_code == 200
             bare = httpx.post(f"{act.url}/generate", json={"text": "k"}, headers={"host": HOST})
@@ -151,13 +124,13 @@ def test_the_clients_api_key_reaches_the_gateway() -> None:
 
 
 def test_a_killed_activator_ends_its_held_connections_without_an_answer() -> None:
-    with activator() as act:
-        act.route([])
+    with run_activator() as act:
+        route(act, [])
         results: list[httpx.Response | Exception] = []
         sender = threading.Thread(target=lambda: results.extend(_send_all(act.url, 3)))
         sender.start()
         deadline = time.monotonic() + 10
-        while act.state()["held"] != {"rl/judge": 3} and time.monotonic() < deadline:
+        while state(act)["held"] != {"rl/judge": 3} and time.monotonic() < deadline:
             time.sleep(0.05)
         os.kill(act.process.pid, signal.SIGKILL)
         sender.join()
@@ -165,38 +138,38 @@ def test_a_killed_activator_ends_its_held_connections_without_an_answer() -> Non
 
 
 def test_a_hint_sent_at_zero_is_answered_at_once_and_reported_for_the_operator() -> None:
-    with activator() as act:
-        act.route([])
-        before = act.state()
+    with run_activator() as act:
+        route(act, [])
+        before = state(act)
         answer = httpx.post(f"{act.url}{DEMAND_PATH}", headers={"host": HOST},
                             json={"id": "phase-2", "requests": 100, "forSeconds": 60})
         assert (answer.status_code, answer.json()) == (202, {"id": "phase-2", "expiresInSeconds": 60})
-        state = act.state()
-        assert state["version"] != before["version"] and state["held"] == {}
-        assert state["demand"] == {"rl/judge": [{"id": "phase-2", "requests": 100, "startsWithinSeconds": 0,
+        after = state(act)
+        assert after["version"] != before["version"] and after["held"] == {}
+        assert after["demand"] == {"rl/judge": [{"id": "phase-2", "requests": 100, "startsWithinSeconds": 0,
                                                  "forSeconds": 60}]}
         bad = httpx.post(f"{act.url}{DEMAND_PATH}", headers={"host": HOST}, json={"requests": -1})
         assert bad.status_code == 400
 
 
 def test_a_client_that_leaves_while_held_is_forgotten_and_never_forwarded() -> None:
-    with gateway_stack() as stack, activator() as act:
-        act.route([])
+    with gateway_stack() as stack, run_activator() as act:
+        route(act, [])
         body = b'{"text": "left"}'
         with socket.create_connection(("127.0.0.1", act.port)) as sock:
             sock.sendall(b"POST /generate HTTP/1.1\r\nHost: " + HOST.encode() + b"\r\ncontent-type: application/json"
                          b"\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
             wait_held(act, {"rl/judge": 1})
         wait_held(act, {})
-        act.route([f"127.0.0.1:{stack.port}"])
+        route(act, [f"127.0.0.1:{stack.port}"])
         time.sleep(0.5)
         assert stack.state()["admittedTotal"] == 0, "a request nobody waits for is never judged"
 
 
-def wait_held(act: RunningActivator, held: dict[str, int]) -> None:
+def wait_held(act: RunningGateway, held: dict[str, int]) -> None:
     deadline = time.monotonic() + 10
-    while act.state()["held"] != held:
-        assert time.monotonic() < deadline, act.state()
+    while state(act)["held"] != held:
+        assert time.monotonic() < deadline, state(act)
         time.sleep(0.05)
 
 
@@ -205,7 +178,7 @@ def test_host_values_are_matched_as_clients_send_them() -> None:
     assert host_key("judge.rl.svc.example.org") == "judge.rl.svc"
     assert host_key("10.96.0.12:8000") == "10.96.0.12:8000"
     assert host_key("[fd00::1]:8000") == "[fd00::1]:8000"
-    with gateway_stack() as stack, activator() as act:
+    with gateway_stack() as stack, run_activator() as act:
         body = {"hosts": ["Judge", "judge:8000", "judge.rl", "judge.rl.svc", "judge.rl.svc:8000"],
                 "targets": [f"127.0.0.1:{stack.port}"], "maxHeld": 8, "holdTimeoutSeconds": 5}
         assert httpx.put(f"{act.control}{ROUTES_PATH}/rl/judge", json=body, headers=AUTH).status_code == 200
@@ -221,7 +194,7 @@ def test_host_values_are_matched_as_clients_send_them() -> None:
 
 
 def test_a_replica_that_drops_the_request_gets_a_502_and_a_route_removed_mid_body_a_503() -> None:
-    with activator() as act, socket.create_server(("127.0.0.1", 0)) as rude:
+    with run_activator() as act, socket.create_server(("127.0.0.1", 0)) as rude:
         port = rude.getsockname()[1]
 
         def accept_and_close() -> None:
@@ -229,7 +202,7 @@ def test_a_replica_that_drops_the_request_gets_a_502_and_a_route_removed_mid_bod
             conn.recv(65536)
             conn.close()
         threading.Thread(target=accept_and_close, daemon=True).start()
-        act.route([f"127.0.0.1:{port}"])
+        route(act, [f"127.0.0.1:{port}"])
         dropped = httpx.post(f"{act.url}/generate", json={"text": "x"}, headers={"host": HOST})
         assert (dropped.status_code, dropped.json()["error"]["reason"]) == (502, "engineDisconnected")
         body = b'{"text": "half"}'
@@ -244,12 +217,12 @@ def test_a_replica_that_drops_the_request_gets_a_502_and_a_route_removed_mid_bod
 
 
 def test_the_state_version_grows_when_the_held_count_falls_too() -> None:
-    with activator() as act:
-        act.route([], hold_timeout=1.0)
+    with run_activator() as act:
+        route(act, [], hold_timeout=1.0)
         results: list[httpx.Response | Exception] = []
         sender = threading.Thread(target=lambda: results.extend(_send_all(act.url, 2)))
         sender.start()
         wait_held(act, {"rl/judge": 2})
-        version = int(act.state()["version"])  # type: ignore[call-overload]
+        version = int(state(act)["version"])  # type: ignore[call-overload]
         sender.join()
-        assert act.state(version=version, wait=5)["held"] == {}, "the operator hears that nothing is held"
+        assert state(act, version=version, wait=5)["held"] == {}, "the operator hears that nothing is held"
