@@ -11,7 +11,6 @@ pushed with an idempotent ``PUT`` when it changed or the activator restarted (a 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -77,9 +76,15 @@ class ActivatorFleet:
         """Keep the activators' addresses current and follow each one's state, until cancelled."""
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WAIT_SECONDS + 10))
         try:
+            failed = ""
             while True:
-                with contextlib.suppress(Exception):
+                try:
                     await self._refresh()
+                    failed = ""
+                except Exception as exc:  # a failed list keeps the last known activators; say why, once
+                    if str(exc) != failed:
+                        log.warning("activators of %s/%s not listed: %s", self.namespace, self.service, exc)
+                    failed = str(exc)
                 await asyncio.sleep(REFRESH_SECONDS)
         finally:
             for activator in self._activators.values():
