@@ -51,7 +51,9 @@ def test_bench_operator_smoke() -> None:
     figures = {k: float(v) for k, v in match.groupdict().items()}
     assert figures["pools"] == 2 and figures["replicas"] == 4, last
     assert all(math.isfinite(v) and v >= 0 for v in figures.values()), last
-    for positive in ("react_p50_s", "react_p99_s", "rs_react_p50_s", "publish_overhead_p50_s", "rss_mb"):
+    # Publish overhead may be 0 at the watch's resolution: the operator follows each replica's own
+    # sidecar, so it can publish in the same instant the kubelet's Ready reaches the API server.
+    for positive in ("react_p50_s", "react_p99_s", "rs_react_p50_s", "rss_mb"):
         assert figures[positive] > 0, last
     # The API server's CPU per request, 6 rounds of 20 of each kind: status writes both ways, and
     # the API server's work before the last pool can act: a scale, a status write and a create each.
