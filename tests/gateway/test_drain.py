@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 from conftest import AUTH, TOKEN, Stack, gateway_stack
-from genrm_contract.sidecar import RefusalReason
+from genrm_contract.sidecar import IDLE_REPORT_SECONDS, RefusalReason
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -147,6 +147,11 @@ def test_a_state_poll_waits_for_a_change_of_version(fresh: Stack) -> None:
     """The operator's long poll: held while the version stays, answered as soon as it changes (by a
     drain call or by time alone, as the deferred fence and Drained come due), never holding a client
     without the token, and refusing waits outside the contract's bounds."""
+    # Idleness is significant (scale to zero reads it): look once the new gateway has called itself idle.
+    deadline = time.monotonic() + 10
+    while not (fresh.state().get("idleSinceSeconds") or 0) >= IDLE_REPORT_SECONDS + 0.1:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
     first = fresh.state()
     version, boot = first["version"], first["bootId"]
     assert isinstance(version, int) and isinstance(boot, str) and boot
@@ -158,8 +163,9 @@ def test_a_state_poll_waits_for_a_change_of_version(fresh: Stack) -> None:
     held = poll(version=version, waitSeconds=0.6)
     assert held.status_code == 200 and held.json()["version"] == version and time.monotonic() - started >= 0.55
     assert poll(version=version + 7, waitSeconds=5).json()["version"] == version  # a stale version: at once
-    # Load alone (a served request) is not a change of version.
+    # Load alone (a served request, the replica idle again before anyone looks) is not a change of version.
     assert httpx.post(f"{fresh.url}/generate", json={"text": "x"}).status_code == 200
+    time.sleep(IDLE_REPORT_SECONDS + 0.3)
     assert fresh.state()["version"] == version
 
     async def changes() -> tuple[dict[str, object], float, dict[str, object], float]:
