@@ -25,6 +25,7 @@ import json
 import re
 import secrets
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import httpx
@@ -215,8 +216,7 @@ class Activator:
         """Send the request to one serving replica (the next one after a refused connection) and
         stream its answer back, closing the client's connection after it."""
         assert self._http is not None
-        listed = {t.strip().lower().encode("latin-1") for k, v in scope["headers"] if k == b"connection"
-                  for t in v.decode("latin-1").split(",")}
+        listed = _connection_listed(scope["headers"])
         headers = [(k, v) for k, v in scope["headers"] if k not in _NOT_FORWARDED and k not in listed]
         path = scope["raw_path"].decode("latin-1") + (f"?{scope['query_string'].decode('latin-1')}"
                                                       if scope["query_string"] else "")
@@ -235,8 +235,7 @@ class Activator:
                 raise Refusal(502, RefusalReason.ENGINE_DISCONNECTED, f"the replica did not answer: {exc}",
                               ((b"retry-after", b"1"),), close=True) from None
             try:
-                returned = {t.strip().lower().encode("latin-1") for k, v in answer.headers.raw
-                            if k.lower() == b"connection" for t in v.decode("latin-1").split(",")}
+                returned = _connection_listed(answer.headers.raw)
                 start = [(k, v) for k, v in answer.headers.raw
                          if k.lower() not in _NOT_RETURNED and k.lower() not in returned]
                 await send({"type": "http.response.start", "status": answer.status_code,
@@ -293,6 +292,12 @@ class Activator:
             await asyncio.sleep(min(WATCH_TICK_SECONDS, left))
             state = self.state()
         await _answer(send, 200, json.dumps(state.wire()).encode())
+
+
+def _connection_listed(headers: Iterable[tuple[bytes, bytes]]) -> set[bytes]:
+    """The field names a message's ``Connection`` header lists: hop-by-hop for that message only."""
+    return {t.strip().lower().encode("latin-1") for k, v in headers if k.lower() == b"connection"
+            for t in v.decode("latin-1").split(",")}
 
 
 async def _answer(send: Send, code: int, body: bytes, extra: tuple[tuple[bytes, bytes], ...] = (),
