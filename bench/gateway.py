@@ -3,6 +3,10 @@
 Why one run for all targets: the same zero-latency simulator, load generator and machine state
 serve the direct, the gateway and the nginx measurements, interleaved per concurrency, so the
 differences are the proxies' and not the machine's drift. Everything listens on 127.0.0.1.
+
+A fourth row, ``py-floor`` (``bench/floor.py``), is the leanest proxy Python allows with the judge
+work no gateway can skip: what any data path in Python pays, whatever its design, beside what
+the gateway and nginx pay.
 """
 
 from __future__ import annotations
@@ -10,10 +14,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -78,6 +84,19 @@ def ensure_nginx() -> bool:
     return NGINX.exists()
 
 
+def wait_listening(port: int, seconds: float = 30.0) -> None:
+    """Until a loopback port accepts connections (the floor proxy answers nothing but judge calls)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def measure(port: int, concurrency: int) -> LoadResult:
     out = subprocess.run(
         [sys.executable, "-m", "bench.loadgen", "--port", str(port), "--body", BODY,
@@ -114,6 +133,10 @@ def main() -> None:
         wait_ready(f"http://127.0.0.1:{engine_port}/ready")
         wait_ready(f"http://127.0.0.1:{control_port}/healthz/ready")
         targets = {"direct": engine_port, "gateway": gateway_port}
+        floor_port = free_port()
+        stack.enter_context(launched([py, "-m", "bench.floor", str(floor_port), str(engine_port)]))
+        wait_listening(floor_port)
+        targets["py-floor"] = floor_port
         if ensure_nginx():
             nginx_port = free_port()
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="genrm-bench-nginx-")))
@@ -134,12 +157,15 @@ def main() -> None:
                 result = results[(name, concurrency)] = median_result(samples)
                 print(f"{name:<8} {concurrency:>5} {result.rps:>9.0f} {result.p50_ms:>8.3f} "
                       f"{result.p99_ms:>8.3f} {result.errors:>6}", flush=True)
+    def added(name: str, concurrency: int) -> str:
+        result = results.get((name, concurrency))
+        return "na" if result is None else f"{result.p50_ms - results[('direct', concurrency)].p50_ms:.3f}"
+
     direct, gateway = results[("direct", 64)], results[("gateway", 64)]
-    nginx = results.get(("nginx", 64))
-    nginx_added = "na" if nginx is None else f"{nginx.p50_ms - direct.p50_ms:.3f}"
     print(f"gateway-bench: c64_throughput_ratio={gateway.rps / direct.rps:.3f} "
-          f"c64_p50_added_ms={gateway.p50_ms - direct.p50_ms:.3f} "
-          f"c64_p99_added_ms={gateway.p99_ms - direct.p99_ms:.3f} nginx_c64_p50_added_ms={nginx_added}")
+          f"c64_p50_added_ms={added('gateway', 64)} c64_p99_added_ms={gateway.p99_ms - direct.p99_ms:.3f} "
+          f"nginx_c64_p50_added_ms={added('nginx', 64)} c1_p50_added_ms={added('gateway', 1)} "
+          f"nginx_c1_p50_added_ms={added('nginx', 1)} py_floor_c1_p50_added_ms={added('py-floor', 1)}")
 
 
 if __name__ == "__main__":
