@@ -18,7 +18,6 @@ with ``Retry-After``, and a body larger than the gateway's limit is refused befo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import itertools
 import json
@@ -39,7 +38,7 @@ from genrm_gateway.body import bounded_body
 from genrm_gateway.config import Limits
 from genrm_gateway.connection import Connections, GatewayProtocol, protocol_class
 from genrm_gateway.demand import DemandBoard
-from genrm_gateway.errors import CLOSE_HEADER, REASON_HEADER, Refusal, error_body
+from genrm_gateway.errors import CLOSE_HEADER, Refusal, send_error, send_json
 
 # Hop-by-hop fields (RFC 9110 7.6.1), never passed on either way, and the framing the forwarding
 # client and the server each write themselves.
@@ -146,8 +145,7 @@ class Activator:
             else:
                 await self._traffic(scope, receive, send)
         except Refusal as refusal:
-            await _answer(send, refusal.code, error_body(refusal.code, refusal.reason, str(refusal)),
-                          refusal.headers, reason=refusal.reason)
+            await send_error(send, refusal.code, refusal.reason, str(refusal), refusal.headers)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -276,7 +274,7 @@ class Activator:
                 raise Refusal(400, RefusalReason.BAD_REQUEST, str(exc.errors()[0]["msg"])) from None
         else:
             raise Refusal(405, RefusalReason.METHOD_NOT_ALLOWED, "PUT or DELETE a route")
-        await _answer(send, 200, b'{"ok":true}')
+        await send_json(send, 200, b'{"ok":true}')
 
     async def _state(self, scope: Scope, send: Send) -> None:
         """The state now, or (a long poll) once its version differs from the one asked about."""
@@ -291,7 +289,7 @@ class Activator:
         while version is not None and state.version == version and (left := deadline - time.monotonic()) > 0:
             await asyncio.sleep(min(WATCH_TICK_SECONDS, left))
             state = self.state()
-        await _answer(send, 200, json.dumps(state.wire()).encode())
+        await send_json(send, 200, json.dumps(state.wire()).encode())
 
 
 def _connection_listed(headers: Iterable[tuple[bytes, bytes]]) -> set[bytes]:
@@ -299,12 +297,3 @@ def _connection_listed(headers: Iterable[tuple[bytes, bytes]]) -> set[bytes]:
     return {t.strip().lower().encode("latin-1") for k, v in headers if k.lower() == b"connection"
             for t in v.decode("latin-1").split(",")}
 
-
-async def _answer(send: Send, code: int, body: bytes, extra: tuple[tuple[bytes, bytes], ...] = (),
-                  reason: str | None = None) -> None:
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]
-    if reason:
-        headers.append((REASON_HEADER, reason.encode()))
-    with contextlib.suppress(OSError):
-        await send({"type": "http.response.start", "status": code, "headers": headers})
-        await send({"type": "http.response.body", "body": body})

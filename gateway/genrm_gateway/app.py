@@ -26,9 +26,9 @@ from genrm_gateway.control import authenticate, create_control_app
 from genrm_gateway.demand import DemandBoard
 from genrm_gateway.drain import DrainController
 from genrm_gateway.engine import EngineMonitor
-from genrm_gateway.errors import CLOSE_HEADER, Refusal
+from genrm_gateway.errors import CLOSE_HEADER, Refusal, send_error
 from genrm_gateway.metrics import GatewayMetrics
-from genrm_gateway.proxy import Proxy, send_error
+from genrm_gateway.proxy import Proxy
 from genrm_gateway.routes import BLOCKED_ENGINE_PATHS, PROXIED
 from genrm_gateway.upstream import EnginePool
 

@@ -47,9 +47,8 @@ from genrm_gateway.connection import Connections
 from genrm_gateway.demand import DemandBoard
 from genrm_gateway.drain import DrainConflict, DrainController
 from genrm_gateway.engine import EngineMonitor
-from genrm_gateway.errors import CLOSE_HEADER, REASON_HEADER, Refusal, error_body
+from genrm_gateway.errors import CLOSE_HEADER, REASON_HEADER, Refusal, error_body, send_error
 from genrm_gateway.metrics import GatewayMetrics
-from genrm_gateway.proxy import send_error
 
 # Control bodies are a drain id and a phase, or a shed count: far below this.
 MAX_CONTROL_BODY_BYTES = 64 * 1024

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
 from genrm_gateway.body import bounded_body
-from genrm_gateway.errors import Refusal
+from genrm_gateway.errors import Refusal, send_json
 
 
 class DemandBoard:
@@ -54,8 +54,5 @@ class DemandBoard:
                 f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())) from None
         self.add(hint)
         answer = json.dumps({"id": hint.id, "expiresInSeconds": hint.lifetime}).encode()
-        await send({"type": "http.response.start", "status": 202,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(answer)).encode())]})
-        await send({"type": "http.response.body", "body": answer})
+        await send_json(send, 202, answer)
 

@@ -6,10 +6,12 @@ replica, the rest are not), so every refusal, from the hot path or the control A
 
 from __future__ import annotations
 
+import contextlib
 import json
 from http import HTTPStatus
 
 from genrm_contract import sidecar
+from starlette.types import Send
 
 REASON_HEADER = sidecar.REASON_HEADER.encode()
 
@@ -19,6 +21,23 @@ def error_body(code: int, reason: sidecar.RefusalReason, message: str) -> bytes:
 
 
 CLOSE_HEADER = (b"connection", b"close")
+_JSON_CONTENT = (b"content-type", b"application/json")
+
+
+async def send_json(send: Send, code: int, body: bytes, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    """A whole JSON answer through ASGI: every answer the gateway and the activator write
+    themselves, refusals or not. A client already gone is not an error here: there is no one
+    left to tell."""
+    with contextlib.suppress(OSError):
+        await send({"type": "http.response.start", "status": code,
+                    "headers": [_JSON_CONTENT, (b"content-length", str(len(body)).encode()), *headers]})
+        await send({"type": "http.response.body", "body": body})
+
+
+async def send_error(send: Send, code: int, reason: sidecar.RefusalReason, message: str,
+                     extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    """The error shape, with the reason in a header too (for clients that read no body)."""
+    await send_json(send, code, error_body(code, reason, message), ((REASON_HEADER, reason.encode()), *extra))
 
 
 class Refusal(Exception):

@@ -26,7 +26,7 @@ from genrm_gateway.body import RequestIds, correlation_id, engine_body
 from genrm_gateway.config import Limits
 from genrm_gateway.drain import DrainController
 from genrm_gateway.engine import EngineMonitor
-from genrm_gateway.errors import CLOSE_HEADER, REASON_HEADER, Refusal, error_body
+from genrm_gateway.errors import CLOSE_HEADER, Refusal, send_error
 from genrm_gateway.metrics import GatewayMetrics
 from genrm_gateway.routes import ProxiedRoute
 from genrm_gateway.upstream import (
@@ -42,7 +42,6 @@ from genrm_gateway.upstream import (
 REQUEST_ID_HEADER = b"x-request-id"
 DRAINING_HEADER = (DRAINING.encode(), b"1")
 RETRY_AFTER = (b"retry-after", b"1")
-_JSON_CONTENT = (b"content-type", b"application/json")
 # Status recorded for requests whose client went away before the answer (nginx's convention).
 CLIENT_CLOSED = 499
 # The only client headers the engine gets: what SGLang reads of a request. Never the client's
@@ -53,15 +52,6 @@ FORWARDED_HEADERS = frozenset({b"content-type", b"accept"})
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade",
                          b"proxy-connection", b"content-length", b"trailer", b"date", b"server",
                          REQUEST_ID_HEADER})
-
-
-async def send_error(send: Send, code: int, reason: RefusalReason, message: str,
-                     extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
-    body = error_body(code, reason, message)
-    headers = [_JSON_CONTENT, (b"content-length", str(len(body)).encode()),
-               (REASON_HEADER, reason.encode()), *extra]
-    await send({"type": "http.response.start", "status": code, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
 
 
 class _DisconnectWatcher:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
+from genrm_contract.sidecar import IDLE_REPORT_SECONDS
 from genrm_testing import CONTROL_TOKEN, RunningGateway, RunningSim, run_gateway, run_sim
 
 TOKEN = CONTROL_TOKEN
@@ -22,6 +23,14 @@ class Gateway(RunningGateway):
     def state(self) -> dict[str, object]:
         document: dict[str, object] = httpx.get(f"{self.control}/v1/state", headers=AUTH).json()
         return document
+
+    def wait_reported_idle(self, seconds: float = 10.0) -> None:
+        """Until the state document calls the gateway idle: idleness is a significant field (scale to
+        zero reads it), so a test that watches the version for another change looks after this."""
+        deadline = time.monotonic() + seconds
+        while (self.state().get("idleSinceSeconds") or 0) < IDLE_REPORT_SECONDS + 0.1:  # type: ignore[operator]
+            assert time.monotonic() < deadline, "the gateway never reported itself idle"
+            time.sleep(0.1)
 
     def drain(self, drain_id: str, phase: str, **extra: object) -> httpx.Response:
         return httpx.post(f"{self.control}/v1/drain", headers=AUTH,

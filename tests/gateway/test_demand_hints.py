@@ -26,6 +26,7 @@ def _state_hints(stack: Stack) -> list[dict[str, object]]:
 
 def test_a_hint_is_reported_in_the_state_until_it_expires_and_wakes_a_long_poll() -> None:
     with gateway_stack() as stack:
+        stack.wait_reported_idle()  # so that only the hint can move the version
         before = stack.state()
         answer = send(f"http://127.0.0.1:{stack.port}", requests=4096, within=0, duration=2, hint_id="phase-1")
         assert answer == {"id": "phase-1", "expiresInSeconds": 2}

@@ -147,11 +147,7 @@ def test_a_state_poll_waits_for_a_change_of_version(fresh: Stack) -> None:
     """The operator's long poll: held while the version stays, answered as soon as it changes (by a
     drain call or by time alone, as the deferred fence and Drained come due), never holding a client
     without the token, and refusing waits outside the contract's bounds."""
-    # Idleness is significant (scale to zero reads it): look once the new gateway has called itself idle.
-    deadline = time.monotonic() + 10
-    while not (fresh.state().get("idleSinceSeconds") or 0) >= IDLE_REPORT_SECONDS + 0.1:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    fresh.wait_reported_idle()
     first = fresh.state()
     version, boot = first["version"], first["bootId"]
     assert isinstance(version, int) and isinstance(boot, str) and boot
