@@ -135,6 +135,13 @@ def test_unschedulable_replicas_stop_growth() -> None:
     assert condition(decision, "ScalingLimited") == (True, "Unschedulable")
 
 
+def test_replicas_whose_containers_cannot_start_stop_growth() -> None:
+    observation = observe(0, [*serving(3 * TARGET, 3 * TARGET), *starting(1)], cannot_start=1)
+    decision = decide(spec(), observation, AutoscalerStatus())
+    assert decision.desired_replicas == 3
+    assert condition(decision, "ScalingLimited") == (True, "CannotStart")
+
+
 def test_kv_cache_at_target_forces_one_more_replica() -> None:
     metrics = [
         {"type": "InFlight", "target": {"averageValue": str(TARGET)}},

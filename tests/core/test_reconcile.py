@@ -610,6 +610,25 @@ def test_unschedulable_replicas_end_partial_and_the_pool_completes_when_gpus_app
     assert sorted(world.pods) == ["judge-0", "judge-1", "judge-2"]
 
 
+MISSING_SECRET = 'container engine-key: CreateContainerConfigError: secret "judge-key" not found'
+
+
+def test_replicas_that_cannot_start_end_partial_are_kept_past_the_startup_timeout_and_start_once_fixed() -> None:
+    world = World(spec=make_spec(2), keep_plans=True, cannot_start=MISSING_SECRET)
+    run_until(world, lambda: any(h.reason == "ReplicaCannotStart" for h in world.status.history), max_steps=20)
+    last = world.status.history[-1]
+    assert last.outcome == "Partial" and MISSING_SECRET in last.message and "judge-" in last.message
+    created = set(world.pods)
+    world.now += float(world.spec.engine.startup_timeout_seconds) + 60
+    for _ in range(10):
+        world.step([])
+    assert set(world.pods) == created, "a replacement would wait the same way: the pods are kept"
+    assert "StartupTimeout" not in {h.reason for h in world.status.history}
+    world.cannot_start = ""  # the Secret is created: the same pods start, their startup time from now
+    run_until(world, world.converged, max_steps=400)
+    assert world.status.history[-1].outcome == "Succeeded" and set(world.pods) == created
+
+
 # ----- verification ---------------------------------------------------------------------------
 
 

@@ -114,6 +114,9 @@ class SimPod:
     deleting: bool = False
     deleted_at_step: int = -1
     unschedulable: str = ""
+    cannot_start: str = ""
+    started_at: float = 0.0
+    """When its containers could first be created (0: at scheduling)."""
     restarts: int = 0
     slow: bool = False
     rewarm_at: float = 0.0
@@ -159,6 +162,7 @@ class SimPod:
             verification=self.verification,  # type: ignore[arg-type]
             verification_message=self.verification_message, deleting=self.deleting,
             unschedulable=self.unschedulable, restarts=self.restarts, revision=self.revision, node=self.node,
+            cannot_start=self.cannot_start, startup_from=self.started_at,
         )
 
 
@@ -188,6 +192,9 @@ class World:
 
     spec: GenRMPoolSpec
     gpus: int = 1000
+    cannot_start: str = ""
+    """What the kubelet says of every scheduled pod's containers while they cannot be created as
+    specified (a missing Secret); '' when they can: the pods it held start from then."""
     nodes: dict[str, str] = field(default_factory=dict)
     """GPU product label by node name ('' for a node without the label); none: pods run nowhere in particular."""
     now: float = START
@@ -369,12 +376,19 @@ class World:
             else:
                 pod.unschedulable = (f"0/{self.gpus} nodes are available: "
                                      f"{self.gpus} Insufficient nvidia.com/gpu.")
+        for pod in self.pods.values():
+            if pod.scheduled_at is None or pod.deleting or pod.warm_at is not None:
+                continue
+            if self.cannot_start:
+                pod.cannot_start, pod.phase = self.cannot_start, "Pending"
+            elif pod.cannot_start:
+                pod.cannot_start, pod.phase, pod.started_at = "", "Running", self.now
         startup = float(self.spec.engine.startup_timeout_seconds)
         for pod in self.pods.values():
             if pod.phase != "Running" or pod.warm_at is not None or pod.scheduled_at is None:
                 continue
             delay = startup + 10.0 if pod.slow else self.warmup
-            if self.now >= max(pod.scheduled_at + delay, pod.rewarm_at):
+            if self.now >= max(max(pod.scheduled_at, pod.started_at) + delay, pod.rewarm_at):
                 pod.warm_at = self.now
         for pod in self.pods.values():
             sc = pod.sidecar

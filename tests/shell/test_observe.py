@@ -2,7 +2,9 @@
 
 Aspects under test: name, UID and creation time; phase; readiness from the Ready condition;
 the published label and the ever-published / verification annotations (unknown verdicts are
-ignored); deletionTimestamp; the scheduler's Unschedulable message from PodScheduled; restarts
+ignored); deletionTimestamp; the scheduler's Unschedulable message from PodScheduled; a container
+the kubelet cannot create as specified (not one on its way to starting); the startup clock from
+scheduling or the first container start; restarts
 summed over containers; the pod IP; sparse pods (no status yet) get safe defaults.
 """
 
@@ -66,6 +68,32 @@ def test_a_pending_pod_that_cannot_get_gpus_carries_the_schedulers_message() -> 
     assert view.unschedulable == UNSCHEDULABLE
     assert view.verification == ""
     assert pod_ip(pod) is None
+
+
+def test_a_container_that_cannot_be_created_is_reported_and_a_slow_start_is_not() -> None:
+    pod = running_pod(labels={"genrm.io/pool": "judge"}, annotations={})
+    pod["status"] = {
+        "phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-03-01T12:00:06Z"}],
+        "initContainerStatuses": [{"name": "engine-key", "restartCount": 0, "state": {"waiting": {
+            "reason": "CreateContainerConfigError", "message": 'secret "judge-key" not found'}}}],
+        "containerStatuses": [{"name": "engine", "restartCount": 0,
+                               "state": {"waiting": {"reason": "PodInitializing"}}}],
+    }
+    view = pod_view(pod)
+    assert view.cannot_start == 'container engine-key: CreateContainerConfigError: secret "judge-key" not found'
+    assert view.blocked == view.cannot_start and view.unschedulable == ""
+    assert view.startup_from == parse_time("2026-03-01T12:00:06Z").timestamp(), "scheduled, nothing started"
+    pod["status"]["initContainerStatuses"][0]["state"] = {"waiting": {"reason": "PodInitializing"}}
+    assert pod_view(pod).cannot_start == "", "waiting on the way to a start is not blocked"
+
+
+def test_the_startup_time_counts_from_the_first_container_start_when_that_came_later() -> None:
+    pod = running_pod()
+    pod["status"]["conditions"][-1]["lastTransitionTime"] = "2026-03-01T12:00:06Z"
+    pod["status"]["containerStatuses"][0]["state"] = {"running": {"startedAt": "2026-03-01T12:20:00Z"}}
+    pod["status"]["containerStatuses"][1]["state"] = {"running": {"startedAt": "2026-03-01T12:20:01Z"}}
+    assert pod_view(pod).startup_from == parse_time("2026-03-01T12:20:00Z").timestamp()
 
 
 def test_a_scheduling_gate_is_not_mistaken_for_unschedulable() -> None:

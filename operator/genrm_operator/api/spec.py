@@ -153,7 +153,9 @@ class EngineSpec(ApiModel):
     resources: Resources = Field(default_factory=dict)
     """Engine container resources (core/v1 ResourceRequirements); the GPU limit is added."""
     startup_timeout_seconds: int = Field(1800, ge=1)
-    """A replica not ready within this time after creation is replaced."""
+    """A replica not ready within this time after it could start (creation, or later its scheduling or its
+    first container start) is replaced; one that cannot start without a change (Unschedulable, or a
+    container the kubelet cannot create, such as a missing Secret) is kept and reported instead."""
     api_key: ApiKeySource | None = None
     """SGLang's --api-key, from a Secret: it never appears in a command line or in the pod spec (an init
     container writes it to a --config file). The gateway sends it on every engine call, and judge clients

@@ -117,6 +117,7 @@ class ConditionReason(StrEnum):
     BACK_OFF = "BackOff"
     VERIFICATION_BACK_OFF = "VerificationBackOff"
     UNSCHEDULABLE = "Unschedulable"
+    CANNOT_START = "ReplicaCannotStart"
     REPLICA_FAILED = "ReplicaFailed"
     REPLICA_CRASHED = "ReplicaCrashed"
     STARTUP_TIMEOUT = "StartupTimeout"

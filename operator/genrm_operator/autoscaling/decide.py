@@ -16,7 +16,8 @@ Order of the stages, each of which may change the count and is then named in
    up on the serving replicas during a minutes-long model load inflates InFlight and
    Queue, and following it would order replicas that are idle once the first ones serve
    (the cascade of Knative #4344, KServe #871; WVA and Dynamo hold the same way);
-6. unschedulable replicas stop any growth: more pods cannot schedule either;
+6. unschedulable replicas, or replicas whose containers cannot be created, stop any growth: more
+   pods could not schedule or start either;
 7. rate policies and bounds (:mod:`.policies`);
 8. the demand floor (:mod:`.demand`): active demand hints hold the count up, past the
    stabilization windows and rate policies, since the load they announce has not arrived yet.
@@ -92,6 +93,7 @@ _MESSAGES = {
     "TooManyReplicas": "the desired count is above maxReplicas",
     "TooFewReplicas": "the desired count is below minReplicas",
     "Unschedulable": "replicas cannot be scheduled; not adding more until they are",
+    "CannotStart": "replicas cannot start (a container cannot be created as specified); not adding more until they do",
     "Panic": "panic mode: no scale-down until the burst has passed",
     "Pending": "replicas added earlier are still starting; no further scale-up until they serve",
     "MetricsFailed": "a metric failed; scale-down is blocked until it reads again",
@@ -180,8 +182,8 @@ class _Step:
             desired, reason = current, "Panic"
         if desired > current and not self.panicking and self._own_replicas_starting():
             desired, reason = current, "Pending"
-        if self.observation.unschedulable > 0 and desired > current:
-            desired, reason = current, "Unschedulable"
+        if self.observation.blocked > 0 and desired > current:
+            desired, reason = current, "Unschedulable" if self.observation.unschedulable else "CannotStart"
         limited, limiter = limit(
             desired, current, (spec.min_replicas, spec.max_replicas), behavior, self.status.scale_events, now
         )
@@ -194,7 +196,7 @@ class _Step:
 
     def _own_replicas_starting(self) -> bool:
         """True while replicas are starting and this autoscaler's last applied change added replicas."""
-        if self.observation.count(ReplicaState.STARTING) <= self.observation.unschedulable:
+        if self.observation.count(ReplicaState.STARTING) <= self.observation.blocked:
             return False
         applied = [d for d in self.status.decisions if d.applied]
         return bool(applied) and applied[-1].result == "ScaleUp"

@@ -48,7 +48,8 @@ class Observation:
 
     ``current_replicas`` is the scale target's ``spec.replicas`` (what the pool is meant to
     have, so replicas not created yet count as on the way); ``replicas`` the pods that exist;
-    ``unschedulable`` how many of those the scheduler reported as Unschedulable;
+    ``unschedulable`` how many of those the scheduler reported as Unschedulable, and
+    ``cannot_start`` how many others have a container the kubelet cannot create as specified;
     ``pool_values`` the (finite) value of each pool-level (Prometheus) metric, absent when the
     query failed or returned nothing; ``hints`` the demand hints reported now (by gateways and the
     pool's annotation) and ``hint_error`` why the annotation was not taken; ``idle_seconds`` how
@@ -60,11 +61,17 @@ class Observation:
     current_replicas: int
     replicas: Sequence[ReplicaSample] = ()
     unschedulable: int = 0
+    cannot_start: int = 0
     pool_values: Mapping[str, float] = field(default_factory=dict)
     hints: Sequence[DemandHint] = ()
     hint_error: str | None = None
     idle_seconds: float | None = None
     held: int = 0
+
+    @property
+    def blocked(self) -> int:
+        """Replicas that cannot start until something outside the operator changes."""
+        return self.unschedulable + self.cannot_start
 
     def count(self, state: ReplicaState) -> int:
         """How many replicas are in ``state``."""

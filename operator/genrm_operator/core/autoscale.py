@@ -111,6 +111,8 @@ def observation(obs: Observed, replicas: list[Replica]) -> Observation:
             for r in replicas if r.role in _STATE
         ],
         unschedulable=sum(1 for r in replicas if r.role is Role.STARTING and r.pod.unschedulable),
+        cannot_start=sum(1 for r in replicas if r.role is Role.STARTING and r.pod.cannot_start
+                         and not r.pod.unschedulable),
         pool_values=dict(obs.metrics.pool) if obs.metrics is not None else {},
         hints=hints,
         hint_error=hint_error,

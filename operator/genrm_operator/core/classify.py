@@ -68,9 +68,9 @@ def failure_reason(pod: PodView, now: float, startup_timeout: float) -> FailureR
         return FailureReason.REPLICA_CRASHED
     if pod.verification == "failed":
         return FailureReason.REPLICA_INCONSISTENT
-    if pod.deleting or pod.ever_published or pod.unschedulable:
+    if pod.deleting or pod.ever_published or pod.blocked:
         return ""
-    if not pod.ready and now - pod.created_at > startup_timeout:
+    if not pod.ready and now - max(pod.created_at, pod.startup_from) > startup_timeout:
         return FailureReason.STARTUP_TIMEOUT
     return ""
 

@@ -42,12 +42,23 @@ class PodView:
     deleting: bool = False
     unschedulable: str = ""
     """Scheduler message when the pod cannot be placed (e.g. not enough nvidia.com/gpu)."""
+    cannot_start: str = ""
+    """The kubelet's reason and message when a container cannot be created as specified (a missing
+    Secret, a bad image): nothing the operator does, a replacement included, changes that."""
+    startup_from: float = 0.0
+    """When the startup timeout began to count, if later than creation: the pod was scheduled, or
+    its containers started, only then (after an Unschedulable spell or a configuration error)."""
     restarts: int = 0
     resource_version: str = ""
     revision: str = ""
     """The pod template revision it was made from (empty: made before revisions, so outdated)."""
     node: str = ""
     """The node it is scheduled on (spec.nodeName; empty until scheduled)."""
+
+    @property
+    def blocked(self) -> str:
+        """Why the pod cannot start until something outside the operator changes, or ''."""
+        return self.unschedulable or self.cannot_start
 
 
 @dataclass(frozen=True)

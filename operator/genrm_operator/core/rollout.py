@@ -52,9 +52,9 @@ def advance_rollout(s: Step, op: Operation) -> Operation | None:
         op = create(s, op, min(missing, room))
     verifying = publish_or_verify(s, op, s.revision)
     # A surge replica on its way (scheduled, or its create not yet observed) fills the room: not blocked.
-    on_its_way = any(not r.pod.unschedulable for r in waiting) or bool(pending_creates(s, op))
+    on_its_way = any(not r.pod.blocked for r in waiting) or bool(pending_creates(s, op))
     surge_blocked = (missing > 0 and room == 0 and not on_its_way) or \
-        (bool(waiting) and all(r.pod.unschedulable for r in waiting))
+        (bool(waiting) and all(r.pod.blocked for r in waiting))
     old = outdated(s, op)
     if not paused:
         floor = s.desired - (strategy.max_unavailable if surge_blocked else 0)
@@ -96,8 +96,8 @@ def finish_or_phase_rollout(s: Step, op: Operation, old: list[Replica], waiting:
     else:
         phase = OperationPhase.PROVISIONING
     if surge_blocked and not op.victims and old and not s.obs.spec.paused:
-        unschedulable = next((r.pod.unschedulable for r in waiting if r.pod.unschedulable), "")
-        s.blocked = (f"no surge replica can start ({unschedulable or 'no room within maxSurge'}) and "
+        why = next((f"{r.pod.name}: {r.pod.blocked}" for r in waiting if r.pod.blocked), "no room within maxSurge")
+        s.blocked = (f"no surge replica can start ({why}) and "
                      f"maxUnavailable={s.obs.spec.update_strategy.rolling_update.max_unavailable} "
                      "allows no outdated replica to drain first")
         emit(s, EventReason.ROLLOUT_BLOCKED, s.blocked, warning=True)

@@ -53,8 +53,10 @@ def advance_scale_out(s: Step, op: Operation) -> Operation | None:
         # would count that pod, and a lagging index would make the next step create another.
         finish(s, op, OperationPhase.PARTIAL, failure, failed)
         return None
-    if waiting and not rescuing and not pending and all(r.pod.unschedulable for r in waiting):
-        finish(s, op, OperationPhase.PARTIAL, ConditionReason.UNSCHEDULABLE, waiting[0].pod.unschedulable)
+    if waiting and not rescuing and not pending and all(r.pod.blocked for r in waiting):
+        pod = waiting[0].pod
+        reason = ConditionReason.UNSCHEDULABLE if pod.unschedulable else ConditionReason.CANNOT_START
+        finish(s, op, OperationPhase.PARTIAL, reason, f"{pod.name}: {pod.blocked}")
         return None
     if not waiting and not rescuing and not pending and shortfall > 0 and not releasing:
         finish(s, op, OperationPhase.PARTIAL, ConditionReason.BACK_OFF, "waiting before creating replacement replicas")

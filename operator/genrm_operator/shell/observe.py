@@ -15,9 +15,36 @@ from ..core.names import (
     VERIFICATION_MESSAGE_ANNOTATION,
 )
 
+# The kubelet's waiting reasons that stay until the pod's spec or what it references changes (the
+# kubelet keeps retrying, so fixing the Secret or the image lets the same pod start): a replacement
+# would wait the same way. ContainerCreating, PodInitializing and CrashLoopBackOff are not among them.
+CANNOT_START_REASONS = frozenset({"CreateContainerConfigError", "CreateContainerError", "InvalidImageName",
+                                  "ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull"})
+
 
 def _condition(status: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
     return next((c for c in status.get("conditions") or [] if c.get("type") == type_), {})
+
+
+def _cannot_start(status: Mapping[str, Any]) -> str:
+    """The first container (init containers first) waiting for a reason no retry can clear, as
+    ``container NAME: REASON: message``; '' when none is."""
+    for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in CANNOT_START_REASONS:
+            message = f": {waiting['message']}" if waiting.get("message") else ""
+            return f"container {container.get('name', '?')}: {waiting['reason']}{message}"
+    return ""
+
+
+def _startup_from(status: Mapping[str, Any], scheduled: Mapping[str, Any]) -> float:
+    """The latest of the pod's scheduling and its main containers' first start (0 when neither
+    happened): a pod that waited for a node or for its configuration has its startup time from then."""
+    stamps = [scheduled.get("lastTransitionTime")] if scheduled.get("status") == "True" else []
+    started = [c["state"]["running"].get("startedAt") for c in status.get("containerStatuses") or []
+               if "running" in (c.get("state") or {})]
+    stamps.append(min((s for s in started if s), default=None))
+    return max((parse_time(s).timestamp() for s in stamps if s), default=0.0)
 
 
 def pod_view(pod: Mapping[str, Any]) -> PodView:
@@ -44,6 +71,8 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         verification_message=annotations.get(VERIFICATION_MESSAGE_ANNOTATION, ""),
         deleting=bool(meta.get("deletionTimestamp")),
         unschedulable=unschedulable,
+        cannot_start=_cannot_start(status),
+        startup_from=_startup_from(status, scheduled),
         restarts=sum(int(c.get("restartCount", 0)) for c in status.get("containerStatuses") or []),
         resource_version=meta.get("resourceVersion", ""),
         revision=labels.get(REVISION_LABEL, ""),
