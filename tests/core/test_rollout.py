@@ -11,7 +11,8 @@ A second change before the first rollout is done retargets it: its surge replica
 and the rollout retires it itself, whether it was starting, being verified or already
 published. The kubelet then ends the deleted pod Succeeded or Failed (the world does so too),
 which is no failure: the rollout still ends Succeeded and nothing backs off. A surge replica
-that really fails still ends the rollout Partial.
+that really fails still ends the rollout Partial. One whose containers cannot be created (a bad
+image in the new template) ends it Partial without choosing any outdated replica to make room.
 """
 
 from __future__ import annotations
@@ -111,6 +112,25 @@ def test_with_max_unavailable_a_blocked_surge_falls_back_to_drain_first() -> Non
     assert {p.revision for p in world.pods.values()} == {world.revision}
     assert least == 1  # one replica out at a time, as maxUnavailable allows
     assert ConditionType.ROLLOUT_BLOCKED not in reasons(world.plans)
+
+
+def test_a_surge_replica_that_cannot_start_ends_the_rollout_partial_without_draining_old_ones() -> None:
+    world = converged_world(2, updateStrategy={"type": "RollingUpdate",
+                                               "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 1}})
+    old = set(world.pods)
+    world.cannot_start = 'container engine: ErrImagePull: pull access denied for "judge:typo"'
+    change_template(world)
+    run_until(world, lambda: any(h.reason == "ReplicaCannotStart" for h in world.status.history), max_steps=40)
+    assert "judge:typo" in world.status.history[-1].message
+    for _ in range(20):
+        world.step([])
+    drained = [a for p in world.plans for a in p.actions if isinstance(a, Drain)]
+    assert not drained and serving_count(world) == 2, "the old replicas keep serving: draining one would not help"
+    assert "ReplicasRetiring" not in reasons(world.plans), "no old replica is even chosen to make room"
+    assert old <= set(world.pods)
+    world.cannot_start = ""
+    run_until(world, world.converged, max_steps=400)
+    assert {p.revision for p in world.pods.values()} == {world.revision}
 
 
 def test_pause_stops_between_replacements_and_resume_finishes() -> None:

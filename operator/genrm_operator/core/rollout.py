@@ -27,7 +27,8 @@ def advance_rollout(s: Step, op: Operation) -> Operation | None:
     stays at ``spec.replicas``, or at ``replicas - maxUnavailable`` when no surge replica can
     be added (no room, or every one waiting is unschedulable). Outdated replicas that do not
     serve (and draining leftovers of a superseded scale-in) are retired at once. ``spec.paused``
-    stops new replacements; the ones under way finish.
+    stops new replacements; the ones under way finish. Surge replicas whose containers cannot be
+    created end it Partial (``ReplicaCannotStart``) with every outdated replica still serving.
     """
     strategy, paused = s.obs.spec.update_strategy.rolling_update, s.obs.spec.paused
     if op.revision != s.revision:
@@ -52,9 +53,11 @@ def advance_rollout(s: Step, op: Operation) -> Operation | None:
         op = create(s, op, min(missing, room))
     verifying = publish_or_verify(s, op, s.revision)
     # A surge replica on its way (scheduled, or its create not yet observed) fills the room: not blocked.
-    on_its_way = any(not r.pod.blocked for r in waiting) or bool(pending_creates(s, op))
+    # Only a lack of room is worked around by draining outdated replicas first: a surge replica that
+    # cannot start for its configuration would not start in the room they leave either.
+    on_its_way = any(not r.pod.unschedulable for r in waiting) or bool(pending_creates(s, op))
     surge_blocked = (missing > 0 and room == 0 and not on_its_way) or \
-        (bool(waiting) and all(r.pod.blocked for r in waiting))
+        (bool(waiting) and all(r.pod.unschedulable for r in waiting))
     old = outdated(s, op)
     if not paused:
         floor = s.desired - (strategy.max_unavailable if surge_blocked else 0)
@@ -87,6 +90,10 @@ def finish_or_phase_rollout(s: Step, op: Operation, old: list[Replica], waiting:
     if failure and not pending:
         finish(s, op, OperationPhase.PARTIAL, failure, failed)
         return None
+    if waiting and not pending and all(r.pod.cannot_start and not r.pod.unschedulable for r in waiting):
+        pod = waiting[0].pod
+        finish(s, op, OperationPhase.PARTIAL, ConditionReason.CANNOT_START, f"{pod.name}: {pod.cannot_start}")
+        return None
     if victim_phases:
         phase = min(victim_phases, key=VICTIM_PHASES.index)
     elif verifying:
@@ -96,7 +103,8 @@ def finish_or_phase_rollout(s: Step, op: Operation, old: list[Replica], waiting:
     else:
         phase = OperationPhase.PROVISIONING
     if surge_blocked and not op.victims and old and not s.obs.spec.paused:
-        why = next((f"{r.pod.name}: {r.pod.blocked}" for r in waiting if r.pod.blocked), "no room within maxSurge")
+        why = next((f"{r.pod.name}: {r.pod.unschedulable}" for r in waiting if r.pod.unschedulable),
+                   "no room within maxSurge")
         s.blocked = (f"no surge replica can start ({why}) and "
                      f"maxUnavailable={s.obs.spec.update_strategy.rolling_update.max_unavailable} "
                      "allows no outdated replica to drain first")
