@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from genrm_operator.api.base import parse_time
-from genrm_operator.shell.observe import pod_ip, pod_view
+from genrm_operator.shell.observe import MESSAGE_CHARS, pod_ip, pod_view
 
 UNSCHEDULABLE = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu. preemption: 0/4 nodes are available."
 
@@ -84,7 +84,11 @@ def test_a_container_that_cannot_be_created_is_reported_and_a_slow_start_is_not(
     assert view.cannot_start == 'container engine-key: CreateContainerConfigError: secret "judge-key" not found'
     assert view.blocked == view.cannot_start and view.unschedulable == ""
     assert view.startup_from == parse_time("2026-03-01T12:00:06Z").timestamp(), "scheduled, nothing started"
+    pod["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "ImagePullBackOff", "message": "x" * 5000}}
     pod["status"]["initContainerStatuses"][0]["state"] = {"waiting": {"reason": "PodInitializing"}}
+    assert pod_view(pod).cannot_start.startswith("container engine: ImagePullBackOff: xxx")
+    assert len(pod_view(pod).cannot_start) == MESSAGE_CHARS, "a registry's long answer is cut"
+    pod["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "PodInitializing"}}
     assert pod_view(pod).cannot_start == "", "waiting on the way to a start is not blocked"
 
 

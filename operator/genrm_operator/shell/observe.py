@@ -18,6 +18,8 @@ from ..core.names import (
 # The kubelet's waiting reasons that stay until the pod's spec or what it references changes (the
 # kubelet keeps retrying, so fixing the Secret or the image lets the same pod start): a replacement
 # would wait the same way. ContainerCreating, PodInitializing and CrashLoopBackOff are not among them.
+# A registry's pull error can run to kilobytes; the status history and Events carry this much of it.
+MESSAGE_CHARS = 400
 CANNOT_START_REASONS = frozenset({"CreateContainerConfigError", "CreateContainerError", "InvalidImageName",
                                   "ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull"})
 
@@ -33,7 +35,8 @@ def _cannot_start(status: Mapping[str, Any]) -> str:
         waiting = (container.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") in CANNOT_START_REASONS:
             message = f": {waiting['message']}" if waiting.get("message") else ""
-            return f"container {container.get('name', '?')}: {waiting['reason']}{message}"
+            said = f"container {container.get('name', '?')}: {waiting['reason']}{message}"
+            return said if len(said) <= MESSAGE_CHARS else said[:MESSAGE_CHARS - 1] + "…"
     return ""
 
 
