@@ -15,11 +15,11 @@ from ..core.names import (
     VERIFICATION_MESSAGE_ANNOTATION,
 )
 
+# A registry's pull error can run to kilobytes; the status history and Events carry this much of it.
+MESSAGE_CHARS = 400
 # The kubelet's waiting reasons that stay until the pod's spec or what it references changes (the
 # kubelet keeps retrying, so fixing the Secret or the image lets the same pod start): a replacement
 # would wait the same way. ContainerCreating, PodInitializing and CrashLoopBackOff are not among them.
-# A registry's pull error can run to kilobytes; the status history and Events carry this much of it.
-MESSAGE_CHARS = 400
 CANNOT_START_REASONS = frozenset({"CreateContainerConfigError", "CreateContainerError", "InvalidImageName",
                                   "ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull"})
 
