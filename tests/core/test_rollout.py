@@ -11,8 +11,8 @@ A second change before the first rollout is done retargets it: its surge replica
 and the rollout retires it itself, whether it was starting, being verified or already
 published. The kubelet then ends the deleted pod Succeeded or Failed (the world does so too),
 which is no failure: the rollout still ends Succeeded and nothing backs off. A surge replica
-that really fails still ends the rollout Partial. One whose containers cannot be created (a bad
-image in the new template) ends it Partial without choosing any outdated replica to make room.
+that really fails still ends the rollout Partial. One whose containers cannot be created (an
+invalid image name in the new template) ends it Partial without choosing any outdated replica to make room.
 """
 
 from __future__ import annotations
@@ -118,10 +118,10 @@ def test_a_surge_replica_that_cannot_start_ends_the_rollout_partial_without_drai
     world = converged_world(2, updateStrategy={"type": "RollingUpdate",
                                                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 1}})
     old = set(world.pods)
-    world.cannot_start = 'container engine: ErrImagePull: pull access denied for "judge:typo"'
+    world.cannot_start = 'container engine: InvalidImageName: couldn\'t parse image name "judge:Typo!"'
     change_template(world)
     run_until(world, lambda: any(h.reason == "ReplicaCannotStart" for h in world.status.history), max_steps=40)
-    assert "judge:typo" in world.status.history[-1].message
+    assert "judge:Typo!" in world.status.history[-1].message
     for _ in range(20):
         world.step([])
     drained = [a for p in world.plans for a in p.actions if isinstance(a, Drain)]
@@ -131,6 +131,17 @@ def test_a_surge_replica_that_cannot_start_ends_the_rollout_partial_without_drai
     world.cannot_start = ""
     run_until(world, world.converged, max_steps=400)
     assert {p.revision for p in world.pods.values()} == {world.revision}
+
+
+def test_surge_replicas_one_unplaceable_and_one_that_cannot_start_still_end_the_rollout_partial() -> None:
+    world = converged_world(2, updateStrategy={"type": "RollingUpdate",
+                                               "rollingUpdate": {"maxSurge": 2, "maxUnavailable": 0}})
+    world.gpus = 3  # room for one surge replica: the second cannot be placed
+    world.cannot_start = 'container engine: CreateContainerConfigError: secret "hf-token" not found'
+    change_template(world)
+    run_until(world, lambda: any(h.reason == "ReplicaCannotStart" for h in world.status.history), max_steps=40)
+    assert 'secret "hf-token"' in world.status.history[-1].message
+    assert any(p.unschedulable for p in world.pods.values()), "the mixed case: one surge replica unplaceable"
 
 
 def test_pause_stops_between_replacements_and_resume_finishes() -> None:

@@ -44,7 +44,7 @@ class PodView:
     """Scheduler message when the pod cannot be placed (e.g. not enough nvidia.com/gpu)."""
     cannot_start: str = ""
     """The kubelet's reason and message when a container cannot be created as specified (a missing
-    Secret, a bad image): nothing the operator does, a replacement included, changes that."""
+    Secret or key, an invalid image name): nothing the operator does, a replacement included, changes that."""
     startup_from: float = 0.0
     """When the startup timeout began to count, if later than creation: the pod was scheduled, or
     its containers started, only then (after an Unschedulable spell or a configuration error)."""

@@ -90,9 +90,10 @@ def finish_or_phase_rollout(s: Step, op: Operation, old: list[Replica], waiting:
     if failure and not pending:
         finish(s, op, OperationPhase.PARTIAL, failure, failed)
         return None
-    if waiting and not pending and all(r.pod.cannot_start and not r.pod.unschedulable for r in waiting):
-        pod = waiting[0].pod
-        finish(s, op, OperationPhase.PARTIAL, ConditionReason.CANNOT_START, f"{pod.name}: {pod.cannot_start}")
+    stuck = [r.pod for r in waiting if r.pod.cannot_start and not r.pod.unschedulable]
+    if stuck and not pending and all(r.pod.blocked for r in waiting):
+        # Also beside an Unschedulable one: draining outdated replicas could place that one, never this.
+        finish(s, op, OperationPhase.PARTIAL, ConditionReason.CANNOT_START, f"{stuck[0].name}: {stuck[0].cannot_start}")
         return None
     if victim_phases:
         phase = min(victim_phases, key=VICTIM_PHASES.index)

@@ -18,10 +18,11 @@ from ..core.names import (
 # A registry's pull error can run to kilobytes; the status history and Events carry this much of it.
 MESSAGE_CHARS = 400
 # The kubelet's waiting reasons that stay until the pod's spec or what it references changes (the
-# kubelet keeps retrying, so fixing the Secret or the image lets the same pod start): a replacement
-# would wait the same way. ContainerCreating, PodInitializing and CrashLoopBackOff are not among them.
-CANNOT_START_REASONS = frozenset({"CreateContainerConfigError", "CreateContainerError", "InvalidImageName",
-                                  "ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull"})
+# kubelet keeps retrying, so fixing the Secret or the image name lets the same pod start): a
+# replacement would wait the same way. Not among them: what a replacement elsewhere may escape (a
+# runtime's CreateContainerError, a pull failing for a node's disk or network), which the startup
+# timeout still replaces, and what is on its way (ContainerCreating, PodInitializing).
+CANNOT_START_REASONS = frozenset({"CreateContainerConfigError", "InvalidImageName", "ErrImageNeverPull"})
 
 
 def _condition(status: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
@@ -41,12 +42,12 @@ def _cannot_start(status: Mapping[str, Any]) -> str:
 
 
 def _startup_from(status: Mapping[str, Any], scheduled: Mapping[str, Any]) -> float:
-    """The latest of the pod's scheduling and its main containers' first start (0 when neither
-    happened): a pod that waited for a node or for its configuration has its startup time from then."""
+    """The latest of the pod's scheduling and its running main containers' starts (0 when none of
+    these happened): a pod that waited for a node, or one of whose containers waited for its
+    configuration while the others ran, has its startup time from when the last of them could start."""
     stamps = [scheduled.get("lastTransitionTime")] if scheduled.get("status") == "True" else []
-    started = [c["state"]["running"].get("startedAt") for c in status.get("containerStatuses") or []
+    stamps += [c["state"]["running"].get("startedAt") for c in status.get("containerStatuses") or []
                if "running" in (c.get("state") or {})]
-    stamps.append(min((s for s in started if s), default=None))
     return max((parse_time(s).timestamp() for s in stamps if s), default=0.0)
 
 
