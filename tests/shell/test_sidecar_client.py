@@ -4,7 +4,8 @@ Aspects under test: the state long poll sends the known version and the wait, wi
 token, and gives up (``None``, unknown) when the answer is later than the wait allows; a drain's
 answer is the state it led to, and a refusal or a broken answer is ``None``; connections are kept
 alive per address (each address's requests arrive on one connection) and several addresses are
-served at once; no request leaves reference cycles behind for the garbage collector; every request
+served at once; no request leaves reference cycles behind for the garbage collector (checked in a
+process of its own); every request
 is counted once, by call and answer code, in ``genrm_operator_sidecar_requests_total``; verification
 probes go to the judge routes under the control port's ``PROBE_PREFIX``, with the pool's token.
 """
@@ -13,6 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -95,25 +99,47 @@ async def test_a_drain_answers_the_state_it_led_to_and_a_refusal_or_garbage_is_u
         await client.close()
 
 
-async def test_connections_are_kept_per_address_and_requests_leave_no_cycles(
-        sidecars: list[tuple[StandIn, Endpoint]]) -> None:
+async def test_connections_are_kept_per_address(sidecars: list[tuple[StandIn, Endpoint]]) -> None:
     client = SidecarClient()
     try:
-        for _ in range(2):  # warm: connections made, lazy imports done
-            await asyncio.gather(*(client.state(ep) for _, ep in sidecars))
-        gc.collect()
-        gc.disable()
-        try:
-            for _ in range(20):
-                answers: list[Any] = await asyncio.gather(*(client.state(ep, 3, 0.0) for _, ep in sidecars))
-                assert answers == [STATE, STATE]
-            assert gc.collect() == 0, "a request left cyclic garbage"
-        finally:
-            gc.enable()
+        for _ in range(5):
+            answers: list[Any] = await asyncio.gather(*(client.state(ep, 3, 0.0) for _, ep in sidecars))
+            assert answers == [STATE, STATE]
         for stand_in, _ in sidecars:
             assert len({peer for peer, *_ in stand_in.seen}) == 1, "one kept-alive connection per address"
     finally:
         await client.close()
+
+
+# The collector is the whole process's: in the full suite, threads that earlier tests leave running
+# (a local cluster's watchers) make cyclic garbage of their own while this check runs, so it runs in
+# a process of its own, where all the garbage there is can only be the requests'.
+_ALONE = "GENRM_TEST_ALONE"
+
+if os.environ.get(_ALONE) == "1":
+    async def test_requests_leave_no_cycles(sidecars: list[tuple[StandIn, Endpoint]]) -> None:
+        client = SidecarClient()
+        try:
+            for _ in range(2):  # warm: connections made, lazy imports done
+                await asyncio.gather(*(client.state(ep) for _, ep in sidecars))
+            gc.collect()
+            gc.disable()
+            try:
+                for _ in range(20):
+                    answers: list[Any] = await asyncio.gather(*(client.state(ep, 3, 0.0) for _, ep in sidecars))
+                    assert answers == [STATE, STATE]
+                assert gc.collect() == 0, "a request left cyclic garbage"
+            finally:
+                gc.enable()
+        finally:
+            await client.close()
+
+
+def test_requests_leave_no_cycles_in_a_process_of_their_own() -> None:
+    node = f"{__file__}::test_requests_leave_no_cycles"
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", node],
+                            env=os.environ | {_ALONE: "1"}, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "1 passed" in result.stdout, result.stdout[-4000:] + result.stderr[-2000:]
 
 
 def requests_counted(call: str, code: str) -> float:
