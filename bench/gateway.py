@@ -30,7 +30,7 @@ from bench.loadgen import LoadResult
 CONCURRENCIES = (1, 64, 256)
 # Each figure is the median over ROUNDS interleaved runs: one run on a 2-core machine is noisy.
 ROUNDS = 3
-# Unloaded, a proxy adds tens of microseconds, no more than the round-to-round drift: more rounds there.
+# Unloaded, what a proxy adds is as small as the drift between rounds: more rounds there.
 C1_ROUNDS = 9
 RUN_SECONDS = 2.0
 WARMUP_SECONDS = 0.5
