@@ -296,4 +296,3 @@ def _connection_listed(headers: Iterable[tuple[bytes, bytes]]) -> set[bytes]:
     """The field names a message's ``Connection`` header lists: hop-by-hop for that message only."""
     return {t.strip().lower().encode("latin-1") for k, v in headers if k.lower() == b"connection"
             for t in v.decode("latin-1").split(",")}
-
