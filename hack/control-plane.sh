@@ -31,6 +31,10 @@ fi
 CACHE="${GENRM_CACHE:-$HOME/.cache/genrm-operator}"
 OUT="$CACHE/bin/k8s-v$K8S_VERSION-etcd-v$ETCD_VERSION-helm-v$HELM_VERSION"
 mkdir -p "$OUT"
+# Two runs at once (make's targets, or several checkouts on one machine) would build the same binary
+# into the same temporary name; the second waits here and then reuses what the first built.
+exec 9>"$OUT/.build.lock"
+flock 9
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-trimpath -mod=readonly"
 JOBS="${GENRM_BUILD_JOBS:-$(nproc)}"
 
