@@ -1,5 +1,5 @@
-"""Talking to replica gateway sidecars: state, drain, undrain and verification probes (generation or
-reward-model scores).
+"""Talking to replica gateway sidecars: state, drain, undrain, peers and verification probes (generation
+or reward-model scores).
 
 An unreachable or confused sidecar yields ``None``: the core treats that as
 unknown, never as drained, so a network blip can never release a victim.
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+from genrm_contract.peers import PEERS_PATH, PeersDocument
 from genrm_contract.sidecar import (
     DRAIN_PATH,
     PROBE_PREFIX,
@@ -57,7 +58,7 @@ DEFAULT_PROBES = (
 )
 
 
-CALLS = {STATE_PATH: "state", DRAIN_PATH: "drain", UNDRAIN_PATH: "undrain", SHED_PATH: "shed"}
+CALLS = {STATE_PATH: "state", DRAIN_PATH: "drain", UNDRAIN_PATH: "undrain", SHED_PATH: "shed", PEERS_PATH: "peers"}
 """The ``call`` label of each control route; anything else is a verification probe (``probe``)."""
 
 
@@ -162,6 +163,15 @@ class SidecarClient:
         except ValidationError:
             return None
 
+    async def peers(self, ep: Endpoint, document: PeersDocument) -> PeersDocument | None:
+        """POST /v1/peers: the peers document the gateway holds after the call (a newer one than
+        ``document`` if one crossed it), or None on any failure."""
+        text = await self._post(ep, PEERS_PATH, document)
+        try:
+            return None if text is None else PeersDocument.model_validate_json(text)
+        except ValidationError:
+            return None
+
     async def _control(self, ep: Endpoint, path: str, request: DrainRequest | UndrainRequest) -> StateDocument | None:
         text = await self._post(ep, path, request)
         try:
@@ -169,7 +179,8 @@ class SidecarClient:
         except ValueError:
             return None
 
-    async def _post(self, ep: Endpoint, path: str, request: DrainRequest | UndrainRequest | ShedRequest) -> str | None:
+    async def _post(self, ep: Endpoint, path: str,
+                    request: DrainRequest | UndrainRequest | ShedRequest | PeersDocument) -> str | None:
         """The body of a 200 answer to a control call, or None (logged) on any failure."""
         body = request.model_dump(by_alias=True, exclude_none=True, mode="json")
         try:
