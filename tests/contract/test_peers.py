@@ -5,7 +5,8 @@ Aspects: a document holds at most ``MAX_PEERS`` distinct IPv4 or IPv6 literals o
 a port, in canonical spelling, and nothing else (hostile values raise, so the gateway answers 400);
 the operator writes pod IPs as such addresses; the loop tag is the pool's, never its token; the
 operator's ``SidecarClient.peers`` gets back the document the gateway holds, the newer of two that
-cross; a replica of a key-protected pool forwards with the pool's key, which its peer demands.
+cross, and tells a server without the route apart; a replica of a key-protected pool forwards with
+the pool's key, which its peer demands.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 from genrm_contract.peers import FORWARDED_TO_HEADER, MAX_PEERS, PeersDocument, forward_tag, peer_address
 from genrm_contract.sidecar import ENGINE_CONFIG_FILE, ENGINE_KEY_FILE
 from genrm_gateway.apikey import write_engine_files
-from genrm_operator.shell.sidecar import Endpoint, SidecarClient
+from genrm_operator.shell.sidecar import Endpoint, PeersUnknown, SidecarClient
 from genrm_testing import CONTROL_TOKEN, run_gateway, run_sim
 from pydantic import ValidationError
 
@@ -79,6 +80,8 @@ def test_the_operators_client_gets_back_what_the_gateway_holds() -> None:
                 older = await client.peers(endpoint, PeersDocument(version=4, peers=()))
                 wrong = await client.peers(Endpoint("127.0.0.1", gateway.control_port, "nope"),
                                            PeersDocument(version=9, peers=()))
+                with pytest.raises(PeersUnknown):  # no such route: the simulator stands in for an old gateway
+                    await client.peers(Endpoint("127.0.0.1", sim.port, CONTROL_TOKEN), PeersDocument(version=9))
                 return [newer, older, wrong]
             finally:
                 await client.close()

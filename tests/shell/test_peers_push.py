@@ -3,7 +3,8 @@
 Aspects under test: each replica gets its list once (no push while what it holds is what it should
 hold); a changed list and a new boot id are pushed again; versions grow with every push; a gateway
 that does not answer is retried; one that holds a newer push (from an operator whose clock ran
-ahead) is outranked by the next push; a replica no longer followed is not pushed to; closing stops
+ahead) is outranked by the next push; one older than peers (404) is asked again only when its list
+changes or it restarts; a replica no longer followed is not pushed to; closing stops
 the pushes.
 """
 
@@ -16,7 +17,7 @@ from genrm_contract.peers import PeersDocument
 from genrm_contract.sidecar import DrainState, EngineReport, StateDocument
 from genrm_operator.shell import peers as peers_module
 from genrm_operator.shell.peers import PeerPusher
-from genrm_operator.shell.sidecar import Endpoint
+from genrm_operator.shell.sidecar import Endpoint, PeersUnknown
 
 
 def report(boot_id: str) -> StateDocument:
@@ -33,9 +34,13 @@ class Gateways:
         self.held: dict[str, PeersDocument] = {}
         self.pushes: list[tuple[str, PeersDocument]] = []
         self.down: set[str] = set()
+        self.old: set[str] = set()
+        """Gateways older than peers (404)."""
 
     async def peers(self, ep: Endpoint, document: PeersDocument) -> PeersDocument | None:
         self.pushes.append((ep.ip, document))
+        if ep.ip in self.old:
+            raise PeersUnknown(ep.ip)
         if ep.ip in self.down:
             return None
         held = self.held.get(ep.ip)
@@ -99,6 +104,24 @@ def test_a_silent_gateway_is_retried_and_a_newer_push_is_outranked(monkeypatch: 
         count = len(gateways.pushes)
         await asyncio.sleep(0.05)
         assert len(gateways.pushes) == count
+        await pusher.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_gateway_older_than_peers_is_asked_once_per_list_or_restart() -> None:
+    async def scenario() -> None:
+        gateways = Gateways()
+        gateways.old.add("10.0.0.1")
+        pusher = PeerPusher(gateways)  # type: ignore[arg-type]
+        reports = {"a": report("boot-a")}
+        for _ in range(3):
+            pusher.follow({"a": LISTS["a"]}, ENDPOINTS, reports)
+            await asyncio.sleep(0.02)
+        assert len(gateways.pushes) == 1
+        pusher.follow({"a": LISTS["a"]}, ENDPOINTS, {"a": report("boot-a2")})
+        await asyncio.sleep(0.02)
+        assert len(gateways.pushes) == 2
         await pusher.close()
 
     asyncio.run(scenario())

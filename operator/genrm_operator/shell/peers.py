@@ -3,7 +3,8 @@
 Why a task per replica beside the reconciler: a push is a call to one sidecar that decides nothing
 and writes nothing to the API server; a step only says what each gateway should hold. A gateway is
 told again when its list changes and when it restarts (a new ``bootId`` in its reports: a restarted
-gateway holds no peers), and retried while it does not answer; the document's version grows with
+gateway holds no peers), and retried while it does not answer (a gateway without the route, older
+than peers, is not asked again until one of those changes); the document's version grows with
 every push (the wall clock in microseconds, strictly increasing within this process), so of two
 pushes that cross, or a push of an operator before a restart and one after, the gateway keeps the
 newer.
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from genrm_contract.peers import PeersDocument
 from genrm_contract.sidecar import StateDocument
 
-from .sidecar import Endpoint, SidecarClient
+from .sidecar import Endpoint, PeersUnknown, SidecarClient
 
 log = logging.getLogger(__name__)
 RETRY_SECONDS = 1.0
@@ -65,7 +66,13 @@ class PeerPusher:
         try:
             while (want := self._wanted.get(name)) is not None and self._told.get(name) != want:
                 document = PeersDocument(version=self._next_version(), peers=want.peers)
-                held = await self.sidecars.peers(want.endpoint, document)
+                try:
+                    held = await self.sidecars.peers(want.endpoint, document)
+                except PeersUnknown:
+                    log.info("gateway %s takes no peers (older than peers): not told again until its "
+                             "list changes or it restarts", name)
+                    self._told[name] = want
+                    break
                 if held is None:
                     await asyncio.sleep(RETRY_SECONDS)
                 elif held.peers == want.peers:

@@ -62,6 +62,11 @@ CALLS = {STATE_PATH: "state", DRAIN_PATH: "drain", UNDRAIN_PATH: "undrain", SHED
 """The ``call`` label of each control route; anything else is a verification probe (``probe``)."""
 
 
+class PeersUnknown(Exception):
+    """A gateway that answers ``404`` to ``POST /v1/peers``: it cannot forward, and asking again
+    before it is replaced would only repeat the 404."""
+
+
 def counted() -> aiohttp.TraceConfig:
     """Counts every request the session makes, once, when it ends (`metrics.SIDECAR_REQUESTS`).
 
@@ -165,10 +170,19 @@ class SidecarClient:
 
     async def peers(self, ep: Endpoint, document: PeersDocument) -> PeersDocument | None:
         """POST /v1/peers: the peers document the gateway holds after the call (a newer one than
-        ``document`` if one crossed it), or None on any failure."""
-        text = await self._post(ep, PEERS_PATH, document)
+        ``document`` if one crossed it), or None on any failure; raises ``PeersUnknown`` when the
+        gateway has no such route (a gateway older than peers, or a stand-in replica)."""
         try:
-            return None if text is None else PeersDocument.model_validate_json(text)
+            async with self._http.post(f"{ep.control}{PEERS_PATH}", headers=ep.headers,
+                                       json=document.wire()) as response:
+                status, text = response.status, await response.text(errors="replace")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.info("sidecar %s %s failed: %r", ep.control, PEERS_PATH, exc)
+            return None
+        if status == 404:
+            raise PeersUnknown(ep.control)
+        try:
+            return PeersDocument.model_validate_json(text) if status == 200 else None
         except ValidationError:
             return None
 
@@ -179,8 +193,7 @@ class SidecarClient:
         except ValueError:
             return None
 
-    async def _post(self, ep: Endpoint, path: str,
-                    request: DrainRequest | UndrainRequest | ShedRequest | PeersDocument) -> str | None:
+    async def _post(self, ep: Endpoint, path: str, request: DrainRequest | UndrainRequest | ShedRequest) -> str | None:
         """The body of a 200 answer to a control call, or None (logged) on any failure."""
         body = request.model_dump(by_alias=True, exclude_none=True, mode="json")
         try:
