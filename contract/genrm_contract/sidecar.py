@@ -294,6 +294,8 @@ class Series(enum.StrEnum):
     REQUESTS = "genrm_gateway_requests"
     REQUEST_DURATION = "genrm_gateway_request_duration_seconds"
     REFUSED = "genrm_gateway_refused"
+    FORWARDED = "genrm_gateway_forwarded"
+    """Requests that found the engine down and went to peers, by ``outcome`` (`genrm_contract.peers`)."""
     ENGINE_RUNNING = "genrm_engine_running_requests"
     ENGINE_QUEUED = "genrm_engine_queued_requests"
     ENGINE_KV_CACHE = "genrm_engine_kv_cache_usage_ratio"

@@ -28,6 +28,7 @@ from genrm_gateway.drain import DrainController
 from genrm_gateway.engine import EngineMonitor
 from genrm_gateway.errors import CLOSE_HEADER, Refusal, send_error
 from genrm_gateway.metrics import GatewayMetrics
+from genrm_gateway.peers import Peers
 from genrm_gateway.proxy import Proxy
 from genrm_gateway.routes import BLOCKED_ENGINE_PATHS, PROXIED
 from genrm_gateway.upstream import EnginePool
@@ -49,10 +50,12 @@ class Gateway:
         self.drain = DrainController(self.admission, self.engine, config.quiet_seconds, config.propagation_seconds,
                                      self.connections.retire)
         self.metrics = GatewayMetrics(self.admission, self.drain, self.engine, self.connections)
-        self._proxy = Proxy(self.admission, self.drain, self.engine, self.pool, self.metrics, config.limits)
+        self.peers = Peers(config.engine_api_key)
+        self._proxy = Proxy(self.admission, self.drain, self.engine, self.pool, self.metrics, config.limits,
+                            self.peers)
         self.demand = DemandBoard()
         self._control = create_control_app(self.admission, self.drain, self.engine, self.metrics, self.connections,
-                                           self.demand)
+                                           self.demand, self.peers)
         self._retirer: asyncio.Task[None] | None = None
 
     @property
@@ -135,6 +138,7 @@ class Gateway:
                         await self._retirer
                 await self.engine.stop()
                 self.pool.close()
+                self.peers.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 

@@ -12,7 +12,8 @@ from genrm_contract import sidecar
 
 @dataclass(frozen=True)
 class EngineAddress:
-    """Where the engine listens; the gateway only ever talks HTTP/1.1 to a loopback engine."""
+    """Where an HTTP/1.1 server the gateway talks to listens: its loopback engine, or a peer
+    replica's traffic port (`peers`)."""
 
     host: str
     port: int
@@ -26,7 +27,7 @@ class EngineAddress:
 
     @property
     def authority(self) -> str:
-        return f"{self.host}:{self.port}"
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
 def _limit(default: float, help: str) -> Any:
@@ -70,8 +71,8 @@ class Limits:
                                                "this (jittered by up to 10%% either way) is handed back: its next "
                                                "response carries Connection: close; 0 turns this off")
     engine_wait_seconds: float = _limit(defaults.ENGINE_WAIT_SECONDS, "a request that finds the engine unreachable "
-                                        "waits this long for it to come back (a restarted container) before a "
-                                        "retryable 503")
+                                        "and no peer replica to take it waits this long for it to come back (a "
+                                        "restarted container) before a retryable 503; 0 answers at once")
     engine_head_timeout_seconds: float = _limit(defaults.ENGINE_HEAD_TIMEOUT_SECONDS, "an engine answer whose head has "
                                                 "not come this long after the request was sent gets 504 (a "
                                                 "non-streamed answer's head comes only when its generation ends)")

@@ -286,7 +286,7 @@ class GatewayProtocol(HttpToolsProtocol):
         self._trailing = False  # after a chunk's size line, before its data: a trailer when the size was 0
         self._trailer_dropped = False
         self._checks = _HeadChecks(self._limits)
-        self._head_timer = _Timer(self.loop)  # the head timeout, or the body timeout of a body no one reads
+        self._head_timer = _Timer(self.loop)  # the head timeout
         self._refusal: Refusal | None = None
         self._deferred: bytes | None = None  # a refusal waiting for earlier pipelined answers
         self._running: RequestResponseCycle | None = None  # the request the app is answering
@@ -363,9 +363,9 @@ class GatewayProtocol(HttpToolsProtocol):
                              f"the request head exceeds {self._limits.max_head_bytes} bytes")
             elif self.timeout_keep_alive_task is None and not self._head_timer.armed and (
                     self.cycle is None or self.cycle.response_complete):
-                # Bytes that begin no request (a bare CRLF) or end one nobody reads (the body of
-                # a refused request) cancelled the keep-alive timer, and no request's timeouts
-                # apply: without this the connection would have no timer at all.
+                # Bytes that begin no request (a bare CRLF) cancelled the keep-alive timer, and no
+                # request's timeouts apply: without this the connection would have no timer at all.
+                # (The rest of a body nobody reads never gets here: its answer closed the connection.)
                 self._arm_head_timer()
 
     # Parser callbacks (uvicorn's, extended)
@@ -416,18 +416,18 @@ class GatewayProtocol(HttpToolsProtocol):
             raise _HeadRefused
         super().on_headers_complete()
         self._requests += 1
-        if self.handback is not None and self.cycle is not None:
-            self.cycle.keep_alive = False
+        if self.cycle is not None:
+            _close_if_answered_unread(self.cycle)
+            if self.handback is not None:
+                self.cycle.keep_alive = False
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._reading_head = True
-        if self.cycle is not None and self.cycle.response_complete and self.timeout_keep_alive_task is None:
-            # Answered before its body ended (a refusal): idle now, under the keep-alive timeout,
-            # as uvicorn would have it after the answer had the body's bytes not cancelled it.
-            self._head_timer.cancel()
-            self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
-                                                                self.timeout_keep_alive_handler)
+        if self.cycle is not None:
+            # The body is whole: an answer keeps the connection. Usually this comes in the read that
+            # brought the head, before the application runs, which then never sees the wrapper.
+            vars(self.cycle).pop("send", None)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -494,23 +494,35 @@ class GatewayProtocol(HttpToolsProtocol):
         self.transport.close()
 
     def _arm_head_timer(self) -> None:
-        """The head timeout, or, for the rest of a body no one reads, the body timeout."""
         if not self._head_timer.armed:
-            seconds = self._limits.head_timeout_seconds if self._reading_head else self._limits.body_timeout_seconds
-            self._head_timer.arm(seconds, self._head_timed_out)
+            self._head_timer.arm(self._limits.head_timeout_seconds, self._head_timed_out)
 
     def _head_timed_out(self) -> None:
         if self.transport.is_closing():
-            return
-        if not self._reading_head:
-            if self.cycle is not None and self.cycle.response_complete:  # a body no one reads: answered already
-                self.registry.refused(RefusalReason.BODY_TIMEOUT)
-                self.transport.close()
             return
         if self._head_bytes:
             self._refuse(408, RefusalReason.HEAD_TIMEOUT, "the request head did not arrive in time")
         else:  # nothing sent: close quietly, as for an idle keep-alive connection
             self.transport.close()
+
+
+def _close_if_answered_unread(cycle: RequestResponseCycle) -> None:
+    """Make an answer that starts before its request's body has ended close the connection.
+
+    Why: such an answer is a refusal that never reads the body (a 404, a 405, a 401), and what is
+    left of that body would otherwise keep the connection open with only the body timeout on it,
+    much longer than a connection with nothing to say may stay. Closing is what RFC 9112 (9.6)
+    asks of a server that does not read a body; the client learns it from ``Connection: close``,
+    and the lingering close reads and drops the rest for ``LINGER_SECONDS`` at most. Installed on
+    the cycle (the application calls ``cycle.send``) until the body is whole."""
+    send = cycle.send
+
+    async def answer(message: Any) -> None:
+        if message["type"] == "http.response.start" and cycle.more_body:
+            cycle.keep_alive = False
+        await send(message)
+
+    setattr(cycle, "send", answer)  # noqa: B010 (mypy refuses assigning to a method)
 
 
 def protocol_class(registry: Connections) -> type[GatewayProtocol]:

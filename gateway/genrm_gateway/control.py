@@ -1,4 +1,4 @@
-"""The control port: probes, the drain control API and ``/metrics``, on FastAPI.
+"""The control port: probes, the drain control API, the pool's peers and ``/metrics``, on FastAPI.
 
 Why separate from the proxied path: these routes need validation and auth more than speed, and
 none of them may depend on the engine's request path (liveness never touches the engine at all).
@@ -17,6 +17,7 @@ from fastapi import Depends, FastAPI, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from genrm_contract.drained import control_token
+from genrm_contract.peers import PEERS_PATH, PeersDocument
 from genrm_contract.sidecar import (
     DRAIN_PATH,
     LIVE_PATH,
@@ -49,6 +50,7 @@ from genrm_gateway.drain import DrainConflict, DrainController
 from genrm_gateway.engine import EngineMonitor
 from genrm_gateway.errors import CLOSE_HEADER, REASON_HEADER, Refusal, error_body, send_error
 from genrm_gateway.metrics import GatewayMetrics
+from genrm_gateway.peers import Peers
 
 # Control bodies are a drain id and a phase, or a shed count: far below this.
 MAX_CONTROL_BODY_BYTES = 64 * 1024
@@ -119,7 +121,8 @@ class _Guard:
 
 
 def create_control_app(admission: Admission, drain: DrainController, engine: EngineMonitor,
-                       metrics: GatewayMetrics, connections: Connections, demand: DemandBoard) -> FastAPI:
+                       metrics: GatewayMetrics, connections: Connections, demand: DemandBoard,
+                       peers: Peers) -> FastAPI:
     app = FastAPI(title="genrm-gateway", docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
     authorized = [Depends(require_token)]
     versions = Versions()
@@ -202,6 +205,12 @@ def create_control_app(admission: Admission, drain: DrainController, engine: Eng
         """Hand back client connections (the operator's balancer; see ``Connections.shed``)."""
         return ShedAnswer(shed_id=request.shed_id,
                           marked=connections.shed(request.shed_id, request.connections, request.reason)).wire()
+
+    @app.post(PEERS_PATH, dependencies=authorized)
+    async def post_peers(document: PeersDocument) -> dict[str, object]:
+        """The pool's other serving replicas (`genrm_contract.peers`); answers the document held, which
+        is an older push's sender's cue that a newer one is already here."""
+        return peers.update(document).wire()
 
     @app.get(METRICS_PATH)
     async def get_metrics() -> Response:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from genrm_contract.peers import ForwardOutcome
 from genrm_contract.sidecar import DrainState, HandBack, RefusalReason, Series
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -84,6 +85,10 @@ class GatewayMetrics:
                                     "reconnect elsewhere), by reason", ["reason"], registry=self.registry)
         for reason in HandBack:  # zeros from the start: a rate over a series born later misses its first step
             self._handed_back.labels(reason.value)
+        self._forwarded = Counter(Series.FORWARDED, "Requests that found the engine down and were offered to "
+                                  "peer replicas, by outcome", ["outcome"], registry=self.registry)
+        for outcome in ForwardOutcome:
+            self._forwarded.labels(outcome.value)
         self.registry.register(_StateCollector(admission, drain, engine, connections))
         self._request_children: dict[tuple[str, int], Counter] = {}
         self._duration_children: dict[str, Histogram] = {}
@@ -100,6 +105,9 @@ class GatewayMetrics:
 
     def refused(self, reason: RefusalReason) -> None:
         self._refused.labels(reason).inc()
+
+    def forwarded(self, outcome: ForwardOutcome) -> None:
+        self._forwarded.labels(outcome.value).inc()
 
     def handed_back(self, reason: HandBack) -> None:
         self._handed_back.labels(reason.value).inc()

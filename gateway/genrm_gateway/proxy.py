@@ -10,13 +10,23 @@ is the gateway's own, never the client's ``Authorization``), and the JSON body r
 request id (``rid``) the gateway minted. The client's id is only a
 correlation value, validated and echoed in ``X-Request-Id``; so a client can neither inject a
 header or a second request, nor collide with (or abort) another client's request on the engine.
+
+A request that finds the engine down (crashed, restarting) is not in flight anywhere yet: it goes
+to a peer replica (`peers`), still counted in this replica's in-flight, unless it was forwarded to
+this replica already; with no peer to take it, it is refused at once with a retryable 503. What a
+peer gets is again the gateway's own request: the route's path, the checked client headers, the
+client's validated JSON body (the peer mints its own ``rid``, and aborts it when this gateway
+closes the connection because its client left), and the pool's loop tag.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import time
 
+from genrm_contract.drained import control_token
+from genrm_contract.peers import FORWARDED_TO_HEADER, LOOP_HEADER, PASS_OVER, ForwardOutcome, forward_tag
 from genrm_contract.sidecar import DRAINING_HEADER as DRAINING
 from genrm_contract.sidecar import DrainState, RefusalReason
 from starlette.types import Receive, Scope, Send
@@ -26,8 +36,9 @@ from genrm_gateway.body import RequestIds, correlation_id, engine_body
 from genrm_gateway.config import Limits
 from genrm_gateway.drain import DrainController
 from genrm_gateway.engine import EngineMonitor
-from genrm_gateway.errors import CLOSE_HEADER, Refusal, send_error
+from genrm_gateway.errors import CLOSE_HEADER, REASON_HEADER, Refusal, send_error
 from genrm_gateway.metrics import GatewayMetrics
+from genrm_gateway.peers import Peers
 from genrm_gateway.routes import ProxiedRoute
 from genrm_gateway.upstream import (
     ClientGone,
@@ -41,6 +52,12 @@ from genrm_gateway.upstream import (
 
 REQUEST_ID_HEADER = b"x-request-id"
 DRAINING_HEADER = (DRAINING.encode(), b"1")
+FORWARDED_TO = FORWARDED_TO_HEADER.encode()
+LOOP = LOOP_HEADER.encode()
+# Each forward is a connection of its own: an answer that never came on it then certainly belongs
+# to that peer alone, and nothing is ever resent on a kept-alive connection that may have taken it.
+_ONE_REQUEST = (b"connection", b"close")
+_PASS_OVER = frozenset(reason.encode() for reason in PASS_OVER)
 RETRY_AFTER = (b"retry-after", b"1")
 # Status recorded for requests whose client went away before the answer (nginx's convention).
 CLIENT_CLOSED = 499
@@ -48,10 +65,11 @@ CLIENT_CLOSED = 499
 # Authorization: a key-protected engine gets the gateway's own key (``EnginePool``), and the client's
 # is the gateway's to check (``apikey.ClientAuth``), not the engine's.
 FORWARDED_HEADERS = frozenset({b"content-type", b"accept"})
-# Engine response headers that are connection-scoped or recomputed for the client.
+# Engine (or peer) response headers that are connection-scoped or recomputed for the client: the
+# request id, the drain and forward marks are this gateway's to set.
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade",
                          b"proxy-connection", b"content-length", b"trailer", b"date", b"server",
-                         REQUEST_ID_HEADER})
+                         REQUEST_ID_HEADER, DRAINING_HEADER[0], FORWARDED_TO})
 
 
 class _DisconnectWatcher:
@@ -63,11 +81,12 @@ class _DisconnectWatcher:
     judge calls) get the watcher after that delay.
     """
 
-    __slots__ = ("_exchange", "_receive", "_task", "_timer")
+    __slots__ = ("_receive", "_task", "_timer", "exchange")
 
     def __init__(self, receive: Receive, exchange: Exchange) -> None:
         self._receive = receive
-        self._exchange = exchange
+        self.exchange = exchange
+        """The exchange a disconnect ends: the engine's, or the current peer's."""
         self._task: asyncio.Task[None] | None = None
         self._timer = asyncio.get_running_loop().call_later(_WATCH_AFTER_SECONDS, self._start)
 
@@ -77,7 +96,7 @@ class _DisconnectWatcher:
     async def _watch(self) -> None:
         while (await self._receive())["type"] != "http.disconnect":
             pass
-        self._exchange.fail(ClientGone())
+        self.exchange.fail(ClientGone())
 
     def stop(self) -> None:
         self._timer.cancel()
@@ -91,8 +110,9 @@ _WATCH_AFTER_SECONDS = 0.05
 
 class Proxy:
     def __init__(self, admission: Admission, drain: DrainController, engine: EngineMonitor, pool: EnginePool,
-                 metrics: GatewayMetrics, limits: Limits) -> None:
+                 metrics: GatewayMetrics, limits: Limits, peers: Peers) -> None:
         self._admission = admission
+        self._peers = peers
         self._drain = drain
         self._engine = engine
         self._pool = pool
@@ -113,7 +133,6 @@ class Proxy:
             return
         code = 500
         try:
-            await self._engine_or_refuse()
             code = await self._exchange(route, scope, receive, send)
         except Refusal as refusal:
             code = refusal.code
@@ -123,26 +142,35 @@ class Proxy:
             self._admission.release()
             self._metrics.observe(route.name, code, time.perf_counter() - started)
 
-    async def _engine_or_refuse(self) -> None:
-        """Go on once the engine answers. A request that finds it unreachable waits a few seconds
-        (a crashed engine's container is often back by then, and the request then costs latency,
-        not a failure); past that it is refused with a retryable 503 that closes the connection."""
-        if not self._engine.up and not await self._engine.wait_up(self._limits.engine_wait_seconds):
-            raise Refusal(503, RefusalReason.ENGINE_UNAVAILABLE,
-                          "the engine is not reachable; retry on another replica",
-                          (RETRY_AFTER,), close=True)
+    async def _to_peers(self, tagged: bool) -> bool:
+        """Where a request that finds the engine unreachable goes: True to the peers, False to the
+        engine once it is back within ``engine_wait_seconds`` (none by default), else a retryable
+        503 at once that closes the connection (the client's retry reaches another replica).
+
+        A request another gateway forwarded here (``tagged``) neither goes on nor waits: that
+        gateway offers it to its next peer at once."""
+        if not tagged and self._peers.known and control_token() is not None:
+            return True
+        wait = 0.0 if tagged else self._limits.engine_wait_seconds
+        if wait > 0 and await self._engine.wait_up(wait):
+            return False
+        raise Refusal(503, RefusalReason.ENGINE_UNAVAILABLE, "the engine is not reachable; retry on another replica",
+                      (RETRY_AFTER,), close=True)
 
     async def _refuse(self, send: Send, route: ProxiedRoute, refusal: Refusal) -> None:
         self._metrics.refused(refusal.reason)
         self._metrics.observe(route.name, refusal.code, 0.0)
         await send_error(send, refusal.code, refusal.reason, str(refusal), refusal.headers)
 
-    def _forwarded(self, scope: Scope) -> tuple[list[tuple[bytes, bytes]], bytes | None]:
-        """The client headers the engine gets and the client's request id; a declared body over
-        the limit is refused before it is read."""
+    def _forwarded(self, scope: Scope) -> tuple[list[tuple[bytes, bytes]], bytes | None, bool]:
+        """The client headers the engine gets, the client's request id and whether a peer gateway
+        forwarded the request (it carries the pool's loop tag; a client's copy of the header,
+        without the tag, counts for nothing and goes nowhere); a declared body over the limit is
+        refused before it is read."""
         forwarded: list[tuple[bytes, bytes]] = []
         given: bytes | None = None
         declared = 0
+        tagged = False
         for name, value in scope["headers"]:
             if name in FORWARDED_HEADERS:
                 forwarded.append((name, value))
@@ -150,17 +178,22 @@ class Proxy:
                 given = correlation_id(value)
             elif name == b"content-length":
                 declared = int(value)  # llhttp accepted it: digits only, one header
+            elif name == LOOP and (token := control_token()) is not None:
+                tagged = hmac.compare_digest(value, forward_tag(token).encode())
         if declared > self._limits.max_body_bytes:
             raise Refusal(413, RefusalReason.BODY_TOO_LARGE,
                           f"the body exceeds {self._limits.max_body_bytes} bytes", close=True)
-        return forwarded, given
+        return forwarded, given, tagged
 
     async def _exchange(self, route: ProxiedRoute, scope: Scope, receive: Receive, send: Send) -> int:
         """Forward one admitted request; returns the status code for the metrics."""
-        forwarded, given = self._forwarded(scope)
+        forwarded, given, tagged = self._forwarded(scope)
+        to_peers = not self._engine.up and await self._to_peers(tagged)
         abort_rid: str | None = None
+        raw = b""
         if route.has_body:
-            body, abort_rid, request_id = engine_body(await self._read_body(receive), self._limits, self._ids)
+            raw = await self._read_body(receive)
+            body, abort_rid, request_id = engine_body(raw, self._limits, self._ids)
             request_id = given or request_id
         else:
             body, request_id = b"", given or self._ids.mint().encode()
@@ -170,18 +203,25 @@ class Proxy:
             raise Refusal(400, RefusalReason.INVALID_HEADER, "a header value is not allowed by RFC 9110") from None
         exchange = Exchange(self._limits)
         watcher = _DisconnectWatcher(receive, exchange)
+        peer: str | None = None
         try:
-            try:
-                await self._pool.send(exchange, data)
-            except EngineUnavailable:  # nothing was sent: wait for the engine, then try once more
-                self._engine.mark_down()
-                await self._engine_or_refuse()
-                exchange.rearm()
-                await self._pool.send(exchange, data)
-            await self._respond(exchange, scope, send, request_id)
+            if not to_peers:
+                try:
+                    await self._pool.send(exchange, data)
+                except EngineUnavailable:  # nothing was sent: a peer, or the engine once it is back
+                    self._engine.mark_down()
+                    to_peers = await self._to_peers(tagged)
+                    if not to_peers:
+                        exchange.rearm()
+                        await self._pool.send(exchange, data)
+            if to_peers:
+                abort_rid = None  # the request never reached this engine; a peer aborts its own
+                peer = await self._forward(watcher, route, raw, [*forwarded, (REQUEST_ID_HEADER, request_id)])
+                exchange = watcher.exchange
+            await self._respond(exchange, scope, send, request_id, peer)
             return exchange.status
         except ClientGone:
-            exchange.discard()
+            watcher.exchange.discard()
             await self._abort(abort_rid)
             return CLIENT_CLOSED
         except EngineUnavailable as exc:
@@ -193,14 +233,45 @@ class Proxy:
             if isinstance(exc, EngineTimeout):
                 code = 504
                 await self._abort(abort_rid)  # the engine may still be working on it
-            if exchange.answered:
+            if watcher.exchange.answered:
                 # Headers already went out: cutting the stream is the only honest signal left.
                 self._metrics.refused(exc.reason)
                 return code
             raise Refusal(code, exc.reason, str(exc)) from exc
         finally:
             watcher.stop()
-            exchange.discard()  # a response not read to its end leaves its engine connection unusable
+            watcher.exchange.discard()  # a response not read to its end leaves its connection unusable
+
+    async def _forward(self, watcher: _DisconnectWatcher, route: ProxiedRoute, body: bytes,
+                       headers: list[tuple[bytes, bytes]]) -> str:
+        """Offer the request to the peers in turn until one takes it; returns that peer, with its
+        answer's head in ``watcher.exchange``.
+
+        A peer is passed over only when it certainly did not take the request: its connection
+        failed, or it refused before any engine work (`PASS_OVER`). A peer that took it and broke
+        ends the request (``EngineError``): it may have been judged, so it is never sent twice."""
+        token = control_token()
+        if token is not None:
+            headers = [*headers, (LOOP, forward_tag(token).encode()), _ONE_REQUEST]
+            for peer, client in self._peers.offers():
+                exchange = watcher.exchange = Exchange(self._limits)
+                try:
+                    await client.send(exchange, client.serialize(route.method, route.name, body, headers))
+                except EngineUnavailable:
+                    exchange.discard()
+                    continue
+                except EngineError:
+                    self._metrics.forwarded(ForwardOutcome.FAILED)
+                    raise
+                if exchange.status == 503 and _reason(exchange) in _PASS_OVER:
+                    exchange.discard()
+                    continue
+                self._metrics.forwarded(ForwardOutcome.SERVED)
+                return peer
+        self._metrics.forwarded(ForwardOutcome.EXHAUSTED)
+        raise Refusal(503, RefusalReason.ENGINE_UNAVAILABLE,
+                      "the engine is not reachable and no other replica took the request; retry",
+                      (RETRY_AFTER,), close=True)
 
     async def _read_body(self, receive: Receive) -> bytes:
         """The whole body within the body timeout, refused as soon as it passes the size limit."""
@@ -226,9 +297,12 @@ class Proxy:
                           f"the body did not arrive within {self._limits.body_timeout_seconds}s",
                           close=True) from None
 
-    async def _respond(self, exchange: Exchange, scope: Scope, send: Send, request_id: bytes) -> None:
+    async def _respond(self, exchange: Exchange, scope: Scope, send: Send, request_id: bytes,
+                       peer: str | None = None) -> None:
         headers = [(name, value) for name, value in exchange.headers if name not in _HOP_BY_HOP]
         headers.append((REQUEST_ID_HEADER, request_id))
+        if peer is not None:
+            headers.append((FORWARDED_TO, peer.encode()))
         if self._drain.state is not DrainState.SERVING:
             headers += (DRAINING_HEADER, CLOSE_HEADER)
         if exchange.streamed and scope["http_version"] == "1.0":
@@ -281,3 +355,8 @@ class Proxy:
             await self._pool.request("POST", "/abort_request", {"rid": rid}, limit_seconds=2.0)
         except (EngineError, TimeoutError):
             pass
+
+
+def _reason(exchange: Exchange) -> bytes | None:
+    """The ``x-genrm-reason`` of a peer's answer, if it has one."""
+    return next((value for name, value in exchange.headers if name == REASON_HEADER), None)

@@ -328,8 +328,10 @@ class EnginePool:
     ``/ready*`` and ``/metrics*``, and one rule for all cannot forget a call.
     """
 
-    def __init__(self, address: EngineAddress, api_key: str | None = None) -> None:
+    def __init__(self, address: EngineAddress, api_key: str | None = None,
+                 connect_seconds: float | None = None) -> None:
         self._address = address
+        self._connect_seconds = connect_seconds
         self._idle: list[_Connection] = []
         self.host_header = address.authority.encode()
         self._fixed_fields = b"" if api_key is None else b"authorization: Bearer " + api_key.encode() + b"\r\n"
@@ -413,9 +415,10 @@ class EnginePool:
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
         try:
-            _, connection = await loop.create_connection(
-                lambda: _Connection(self), self._address.host, self._address.port)
-        except OSError as exc:
-            raise EngineUnavailable(f"cannot connect to the engine at {self._address.authority}: "
-                                    f"{exc.strerror or exc}") from exc
+            async with asyncio.timeout(self._connect_seconds):
+                _, connection = await loop.create_connection(
+                    lambda: _Connection(self), self._address.host, self._address.port)
+        except OSError as exc:  # refused, unreachable, or no answer within connect_seconds
+            raise EngineUnavailable(f"cannot connect to {self._address.authority}: "
+                                    f"{exc.strerror or 'timed out'}") from exc
         return connection

@@ -527,7 +527,10 @@ def test_connections_that_send_stray_bytes_after_an_answer_are_closed_in_time(sp
             for _ in range(8):
                 sock = socket.create_connection(("127.0.0.1", gateway.port))
                 sock.sendall(request)
-                assert whole_response(sock).startswith(b"HTTP/1.1 "), name  # the answer is complete
+                response = whole_response(sock)
+                assert response.startswith(b"HTTP/1.1 "), name  # the answer is complete
+                # An answer given before its request's body ended closes the connection.
+                assert (b"\r\nconnection: close\r\n" in response.lower()) == ("body byte" in name), name
                 sock.sendall(stray)
                 socks.append((name, sock))
         started = time.monotonic()
@@ -536,8 +539,52 @@ def test_connections_that_send_stray_bytes_after_an_answer_are_closed_in_time(sp
             assert left is not None, f"{name}: still open"
             sock.close()
         assert refused(gateway, RefusalReason.HEAD_TIMEOUT) == 8
-        assert refused(gateway, RefusalReason.BODY_TIMEOUT) == 16
+        assert refused(gateway, RefusalReason.BODY_TIMEOUT) == 0  # closed at the refusal, not at a timeout
         quickly_served(gateway)
+        settled(gateway)
+        drains(gateway)
+
+
+def test_a_refused_requests_unread_body_never_outlives_the_head_and_keep_alive_timeouts(spy: SpyEngine) -> None:
+    """A refusal given without reading the body (a large one is declared, one byte of it sent)
+    closes the connection at once, whatever the body timeout: on both ports, the byte sent with the
+    head or after the answer. An honest client's requests keep their connection."""
+    with gateway_process(spy.url, "--keep-alive-seconds", "2", "--head-timeout-seconds", "2",
+                         "--body-timeout-seconds", "30") as gateway:
+        baseline = gateway.metric("genrm_gateway_open_connections")
+        large = b"content-length: 1000000\r\n\r\n"
+        refusals = {
+            "404": b"POST /nope HTTP/1.1\r\nhost: j\r\n" + large,
+            "405": b"GET /generate HTTP/1.1\r\nhost: j\r\n" + large,
+            "403": b"POST /flush_cache HTTP/1.1\r\nhost: j\r\n" + large,
+        }
+        socks: list[tuple[str, socket.socket]] = []
+        for port in (gateway.port, gateway.control_port):
+            for name, head in refusals.items():
+                for together in (True, False):
+                    sock = socket.create_connection(("127.0.0.1", port))
+                    sock.sendall(head + b"x" if together else head)
+                    response = whole_response(sock)
+                    assert b"\r\nconnection: close\r\n" in response.lower(), (port, name, response[:200])
+                    if not together:
+                        sock.sendall(b"x")
+                    socks.append((f"{name} on {port}", sock))
+        started = time.monotonic()
+        for name, sock in socks:
+            assert closed_within(sock, max(0.1, started + 2.5 - time.monotonic())) is not None, f"{name}: still open"
+        # The gateway's side closes too (after the lingering close), well before the body timeout.
+        deadline = time.monotonic() + 4
+        while gateway.metric("genrm_gateway_open_connections") > baseline and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert gateway.metric("genrm_gateway_open_connections") == baseline
+        for _, sock in socks:
+            sock.close()
+        opened = gateway.metric("genrm_gateway_connections_opened_total")
+        with httpx.Client(base_url=f"http://127.0.0.1:{gateway.port}") as client:
+            for _ in range(3):
+                answer = client.post("/generate", content=JUDGE, headers={"content-type": "application/json"})
+                assert answer.status_code == 200 and answer.headers.get("connection") != "close"
+        assert gateway.metric("genrm_gateway_connections_opened_total") == opened + 1
         settled(gateway)
         drains(gateway)
 

@@ -199,7 +199,8 @@ class GatewayLimits(ApiModel):
     response carries Connection: close, so the client reconnects and the Service places it anew. The
     backstop of load spread when the operator is away; 0 turns it off, else at least 10."""
     engine_wait_seconds: float = Field(defaults.ENGINE_WAIT_SECONDS, ge=0, le=600)
-    """A request that finds the engine unreachable waits this long for it to come back before a retryable 503."""
+    """A request that finds the engine unreachable, and no other serving replica of the pool to take it, waits
+    this long for the engine to come back before a retryable 503 (0: the 503 comes at once)."""
     engine_head_timeout_seconds: float = Field(defaults.ENGINE_HEAD_TIMEOUT_SECONDS, gt=0, le=86400)
     """An engine answer whose head has not come this long after the request was sent is refused with 504
     engineTimeout (a non-streamed answer's head comes only when its generation ends: this bounds one

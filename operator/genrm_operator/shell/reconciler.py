@@ -34,6 +34,7 @@ from ..core import activation
 from ..core.autoscale import reported_hints
 from ..core.childrenplan import CHILD_FAILED
 from ..core.model import REPORT_DELAY_SECONDS, Event, Observed, deliver
+from ..core.peers import peer_lists
 from ..core.reconcile import reconcile
 from ..core.retry import Failure, Failures, failed_status
 from . import metrics
@@ -45,6 +46,7 @@ from .executor import EventPoster, Executor
 from .kube import Conflict, Kube, api_message
 from .observe import pod_ip
 from .observer import PodSource, PoolObserver, PoolSource, ProductSource, no_products
+from .peers import PeerPusher
 from .sidecar import Endpoint, SidecarClient
 from .sidecarwatch import SidecarWatch
 
@@ -76,6 +78,7 @@ class PoolReconciler:
         self.autoscaler = PoolAutoscaler(kube, namespace, name)
         self.balancer = PoolBalancer(sidecars, namespace, name)
         self.watch = SidecarWatch(sidecars, self.wake.set)
+        self.peers = PeerPusher(sidecars)
         self.executor = Executor(kube, sidecars, post_event, namespace, name,
                                  lambda pod, document: self.watch.offer(pod, document))
         self._unwritten_since: float | None = None
@@ -116,6 +119,7 @@ class PoolReconciler:
         finally:
             metrics.ACTIVE_POOLS.dec()
             await self.balancer.close()
+            await self.peers.close()
             await self.watch.close()
             await self.autoscaler.close()
 
@@ -245,6 +249,8 @@ class PoolReconciler:
         self._stage = "decide"
         plan = reconcile(observed)
         self.balancer.follow({n: endpoints[n] for n in published if n in endpoints}, self.watch.documents())
+        self.peers.follow(peer_lists(observed, {n: e.ip for n, e in endpoints.items()}), endpoints,
+                          self.watch.documents())
         version = str(meta.get("resourceVersion", ""))
         # The write-then-act rule is the core's (`deliver`), the one the core tests' world follows.
         now = time.monotonic()

@@ -1,5 +1,5 @@
-"""Talking to replica gateway sidecars: state, drain, undrain and verification probes (generation or
-reward-model scores).
+"""Talking to replica gateway sidecars: state, drain, undrain, peers and verification probes (generation
+or reward-model scores).
 
 An unreachable or confused sidecar yields ``None``: the core treats that as
 unknown, never as drained, so a network blip can never release a victim.
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+from genrm_contract.peers import PEERS_PATH, PeersDocument
 from genrm_contract.sidecar import (
     DRAIN_PATH,
     PROBE_PREFIX,
@@ -57,8 +58,13 @@ DEFAULT_PROBES = (
 )
 
 
-CALLS = {STATE_PATH: "state", DRAIN_PATH: "drain", UNDRAIN_PATH: "undrain", SHED_PATH: "shed"}
+CALLS = {STATE_PATH: "state", DRAIN_PATH: "drain", UNDRAIN_PATH: "undrain", SHED_PATH: "shed", PEERS_PATH: "peers"}
 """The ``call`` label of each control route; anything else is a verification probe (``probe``)."""
+
+
+class PeersUnknown(Exception):
+    """A gateway that answers ``404`` to ``POST /v1/peers``: it cannot forward, and asking again
+    before it is replaced would only repeat the 404."""
 
 
 def counted() -> aiohttp.TraceConfig:
@@ -159,6 +165,24 @@ class SidecarClient:
         text = await self._post(ep, SHED_PATH, request)
         try:
             return None if text is None else ShedAnswer.model_validate_json(text)
+        except ValidationError:
+            return None
+
+    async def peers(self, ep: Endpoint, document: PeersDocument) -> PeersDocument | None:
+        """POST /v1/peers: the peers document the gateway holds after the call (a newer one than
+        ``document`` if one crossed it), or None on any failure; raises ``PeersUnknown`` when the
+        gateway has no such route (a gateway older than peers, or a stand-in replica)."""
+        try:
+            async with self._http.post(f"{ep.control}{PEERS_PATH}", headers=ep.headers,
+                                       json=document.wire()) as response:
+                status, text = response.status, await response.text(errors="replace")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.info("sidecar %s %s failed: %r", ep.control, PEERS_PATH, exc)
+            return None
+        if status == 404:
+            raise PeersUnknown(ep.control)
+        try:
+            return PeersDocument.model_validate_json(text) if status == 200 else None
         except ValidationError:
             return None
 

@@ -1,0 +1,91 @@
+"""Telling each gateway of one pool its peers (`core.peers` decides, `genrm_contract.peers` says how).
+
+Why a task per replica beside the reconciler: a push is a call to one sidecar that decides nothing
+and writes nothing to the API server; a step only says what each gateway should hold. A gateway is
+told again when its list changes and when it restarts (a new ``bootId`` in its reports: a restarted
+gateway holds no peers), and retried while it does not answer (a gateway without the route, older
+than peers, is not asked again until one of those changes); the document's version grows with
+every push (the wall clock in microseconds, strictly increasing within this process), so of two
+pushes that cross, or a push of an operator before a restart and one after, the gateway keeps the
+newer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from genrm_contract.peers import PeersDocument
+from genrm_contract.sidecar import StateDocument
+
+from .sidecar import Endpoint, PeersUnknown, SidecarClient
+
+log = logging.getLogger(__name__)
+RETRY_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class _Want:
+    endpoint: Endpoint
+    boot_id: str | None
+    peers: tuple[str, ...]
+
+
+class PeerPusher:
+    """What every gateway of one pool should hold, and the pushes that get it there."""
+
+    def __init__(self, sidecars: SidecarClient) -> None:
+        self.sidecars = sidecars
+        self._wanted: dict[str, _Want] = {}
+        self._told: dict[str, _Want] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._version = 0
+
+    def follow(self, lists: Mapping[str, tuple[str, ...]], endpoints: Mapping[str, Endpoint],
+               reports: Mapping[str, StateDocument]) -> None:
+        """Each step: the peers each replica should hold (`core.peers.peer_lists`), where its sidecar
+        is, and its latest report (for its boot id)."""
+        self._wanted = {name: _Want(endpoints[name], reports[name].boot_id if name in reports else None, peers)
+                        for name, peers in lists.items() if name in endpoints}
+        for name in set(self._told) - set(self._wanted):
+            del self._told[name]
+        for name, want in self._wanted.items():
+            if self._told.get(name) != want and name not in self._tasks:
+                self._tasks[name] = asyncio.create_task(self._tell(name), name=f"peers {name}")
+
+    def _next_version(self) -> int:
+        self._version = max(self._version + 1, time.time_ns() // 1000)
+        return self._version
+
+    async def _tell(self, name: str) -> None:
+        """Push until the replica holds what it should (or is no longer followed)."""
+        try:
+            while (want := self._wanted.get(name)) is not None and self._told.get(name) != want:
+                document = PeersDocument(version=self._next_version(), peers=want.peers)
+                try:
+                    held = await self.sidecars.peers(want.endpoint, document)
+                except PeersUnknown:
+                    log.info("gateway %s takes no peers (older than peers): not told again until its "
+                             "list changes or it restarts", name)
+                    self._told[name] = want
+                    break
+                if held is None:
+                    await asyncio.sleep(RETRY_SECONDS)
+                elif held.peers == want.peers:
+                    self._told[name] = want
+                else:  # it holds a newer push (another operator's clock ahead): the next one outranks it
+                    self._version = max(self._version, held.version)
+        finally:
+            self._tasks.pop(name, None)
+
+    async def close(self) -> None:
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

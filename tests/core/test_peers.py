@@ -1,0 +1,71 @@
+"""The peers each gateway is told (``genrm_operator.core.peers``): the pool's other replicas that would
+serve a request at once, for a replica whose engine is down.
+
+Aspects: a peer is published, Ready, not being deleted, Serving with a healthy engine, and has an IP;
+no replica is its own peer; every replica whose gateway reports is told, a draining victim too, and
+none that is being deleted, has no IP or never answered; addresses are the traffic port's, IPv6 in
+brackets; each list starts after the receiver's own address and holds at most ``MAX_PEERS``, so the
+receivers of a large pool are told different peers; every list is valid as a ``PeersDocument``.
+"""
+
+from __future__ import annotations
+
+from genrm_contract.peers import MAX_PEERS, PeersDocument
+from genrm_contract.sidecar import DrainState
+from genrm_operator.core.peers import peer_lists
+from hypothesis import given
+from hypothesis import strategies as st
+
+from .test_reconcile import make_spec, observe, serving_pod, serving_sidecar
+
+SPEC = make_spec(3)
+IPS = {"p-0": "10.0.0.10", "p-1": "10.0.0.11", "p-2": "10.0.0.12"}
+
+
+def test_each_serving_replica_is_told_the_others() -> None:
+    pods = [serving_pod(name) for name in IPS]
+    lists = peer_lists(observe(SPEC, pods), IPS)
+    assert lists == {"p-0": ("10.0.0.11:8000", "10.0.0.12:8000"), "p-1": ("10.0.0.12:8000", "10.0.0.10:8000"),
+                     "p-2": ("10.0.0.10:8000", "10.0.0.11:8000")}
+
+
+def test_only_replicas_that_would_serve_at_once_are_peers() -> None:
+    pods = [serving_pod("ok"), serving_pod("unpublished", published=False), serving_pod("unready", ready=False),
+            serving_pod("deleting", deleting=True), serving_pod("draining"), serving_pod("engine-down"),
+            serving_pod("silent"), serving_pod("no-ip")]
+    sidecars = {p.name: serving_sidecar() for p in pods}
+    sidecars["draining"] = serving_sidecar(state=DrainState.SOFT_DRAIN)
+    sidecars["engine-down"] = serving_sidecar(engine_healthy=False)
+    sidecars["silent"] = None
+    ips = {p.name: f"10.0.1.{i}" for i, p in enumerate(pods) if p.name != "no-ip"}
+    lists = peer_lists(observe(SPEC, pods, sidecars), ips)
+    # Told: every replica with an IP whose gateway answers, unless it is being deleted.
+    assert set(lists) == {"ok", "unpublished", "unready", "draining", "engine-down"}
+    assert lists["engine-down"] == lists["draining"] == lists["unready"] == ("10.0.1.0:8000",)
+    assert lists["ok"] == ()
+
+
+def test_the_traffic_port_and_ipv6_brackets() -> None:
+    spec = make_spec(2, gateway={"port": 9000})
+    pods = [serving_pod("a"), serving_pod("b")]
+    lists = peer_lists(observe(spec, pods), {"a": "fd00::a", "b": "10.0.0.2"})
+    assert lists == {"a": ("10.0.0.2:9000",), "b": ("[fd00::a]:9000",)}
+    for peers in lists.values():
+        PeersDocument(version=1, peers=peers)
+
+
+@given(st.integers(min_value=1, max_value=3 * MAX_PEERS))
+def test_large_pools_tell_each_replica_a_bounded_valid_list_that_starts_after_itself(size: int) -> None:
+    pods = [serving_pod(f"p-{i}") for i in range(size)]
+    ips = {f"p-{i}": f"10.1.{i // 200}.{i % 200 + 1}" for i in range(size)}
+    lists = peer_lists(observe(make_spec(size), pods), ips)
+    firsts = set()
+    for name, peers in lists.items():
+        PeersDocument(version=1, peers=peers)  # valid: distinct, bounded, IP literals
+        assert len(peers) == min(size - 1, MAX_PEERS)
+        assert f"{ips[name]}:8000" not in peers
+        if peers:
+            firsts.add(peers[0])
+            assert peers[0] == min((a for a in (f"{ip}:8000" for ip in ips.values()) if a > f"{ips[name]}:8000"),
+                                   default=min(f"{ip}:8000" for ip in ips.values()))
+    assert len(firsts) == (size if size > 1 else 0)  # every replica is some other's first choice
