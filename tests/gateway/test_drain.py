@@ -125,11 +125,13 @@ def test_prestop_drain_command_blocks_until_drained(fresh: Stack) -> None:
 
 
 def test_prestop_waits_for_an_operator_drain_and_honours_its_deadline() -> None:
-    with gateway_stack(sim_args=("--sim-ttft-ms", "2500")) as stack:
+    # The slow request outlasts the command's start-up (a Python process importing the gateway's CLI,
+    # seconds on a loaded machine) plus its 1 s deadline by a wide margin.
+    with gateway_stack(sim_args=("--sim-ttft-ms", "8000")) as stack:
         assert stack.drain("operator-op", "soft").status_code == 200
 
         async def scenario() -> tuple[subprocess.CompletedProcess[str], int]:
-            async with httpx.AsyncClient(timeout=10) as client:
+            async with httpx.AsyncClient(timeout=20) as client:
                 slow = asyncio.ensure_future(client.post(f"{stack.url}/generate", json={"text": "x"}))
                 await asyncio.sleep(0.2)
                 stack.drain("operator-op", "fence")
