@@ -13,21 +13,19 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 from genrm_cluster.cluster import LocalCluster
 from genrm_testing import free_port
+from genrm_testing.waiting import wait_for as wait_for
 from kubernetes import client, config
 
 from .plainclients import PlainClients
 
 REPO = Path(__file__).resolve().parents[1]
-T = TypeVar("T")
 
 
 @dataclass
@@ -77,18 +75,6 @@ class SoakResult:
 SOAK = SoakResult()
 
 
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 90.0, interval: float = 0.5) -> T:
-    """Poll until ``probe`` returns something truthy; fail with the last value seen."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last={last!r}")
-
-
 @dataclass
 class Cluster:
     """What e2e tests use: kubectl (returns stdout), the API client, and log paths."""
@@ -131,13 +117,9 @@ class Cluster:
         """The pool Service's ClusterIP URL, once it answers: kube-proxy programs a new Service within
         about a second, and a request before that is not what the scenarios are about."""
         url = self.service_url(namespace, pool)
-
-        def answers() -> bool:
-            try:
-                return httpx.get(f"{url}/v1/models", timeout=2.0).status_code == 200
-            except httpx.HTTPError:
-                return False
-        wait_for(f"Service {namespace}/{pool} to answer at {url}", answers, timeout=30, interval=0.2)
+        wait_for(f"Service {namespace}/{pool} to answer at {url}",
+                 lambda: httpx.get(f"{url}/v1/models", timeout=2.0).status_code, timeout=30, interval=0.2,
+                 done=lambda code: code == 200)
         return url
 
     def pool(self, namespace: str, name: str) -> dict[str, Any]:

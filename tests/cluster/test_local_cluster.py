@@ -20,6 +20,7 @@ import pytest
 from genrm_cluster.cluster import LocalCluster
 from genrm_cluster.kubeapi import ApiError
 from genrm_cluster.netns import SERVICE_SINK, SINK_KINDS, ip, sink_kind
+from genrm_testing import waiting
 
 pytestmark = pytest.mark.cluster
 
@@ -45,19 +46,20 @@ def get_pod(cluster: LocalCluster, name: str) -> JSON:
 
 def wait_for(cluster: LocalCluster, pod: str, what: str, check: Callable[[], bool],
              timeout: float = 30.0) -> None:
-    """Poll `check`; on timeout fail with the pod object and its container logs."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.3)
+    """Poll `check` (a refused or failed connection is "not yet"); on timeout fail with the last
+    answer or error, the pod object and its container logs."""
+    try:
+        waiting.wait_for(f"pod {pod} {what}", check, timeout, interval=0.3)
+        return
+    except waiting.WaitTimeout as expired:
+        last = str(expired)
     try:
         state = json.dumps(get_pod(cluster, pod).get("status"), indent=1)
     except ApiError as err:
         state = str(err)
     logs = "\n".join(f"--- {c} ({p}):\n{p.read_text()[-2000:]}"
                      for c, p in cluster.logs_for(pod).items() if p.exists())
-    pytest.fail(f"pod {pod}: not {what} after {timeout}s\nstatus: {state}\n{logs}")
+    pytest.fail(f"{last}\nstatus: {state}\n{logs}")
 
 
 def volume_dir(cluster: LocalCluster, pod: str, volume: str) -> Path:

@@ -27,6 +27,7 @@ from genrm_contract.activator import ROUTES_PATH
 from genrm_contract.demand import DEMAND_PATH
 from genrm_gateway.activator import host_key
 from genrm_testing import CONTROL_TOKEN, RunningGateway, run_activator
+from genrm_testing.waiting import wait_for
 from test_apikey import BEARER, KEY, keyed_stack, write_key
 
 pytestmark = pytest.mark.timeout(60)
@@ -167,10 +168,7 @@ def test_a_client_that_leaves_while_held_is_forgotten_and_never_forwarded() -> N
 
 
 def wait_held(act: RunningGateway, held: dict[str, int]) -> None:
-    deadline = time.monotonic() + 10
-    while state(act)["held"] != held:
-        assert time.monotonic() < deadline, state(act)
-        time.sleep(0.05)
+    wait_for(f"held {held}", lambda: state(act), 10, interval=0.05, done=lambda now: now["held"] == held)
 
 
 def test_host_values_are_matched_as_clients_send_them() -> None:
