@@ -58,11 +58,22 @@ class SoakFigures:
     engine_kills: int
     violations: int
     converge_s: float
+    empty_service_moments: int
+    """Stretches in which the pool's Service had no ready endpoint."""
+    empty_service_s: float
+    lost_in_flight_at_crash: int
+    """Failed requests that were in flight on an engine when it was killed (allowed)."""
+    lost_empty_service: int
+    """Failed requests that met an empty-Service moment."""
+    lost_other: int
 
     def line(self) -> str:
         return (f"soak-summary: requests={self.requests} failed={self.failed} scale_changes={self.scale_changes} "
                 f"operator_kills={self.operator_kills} engine_kills={self.engine_kills} "
-                f"violations={self.violations} converge_s={self.converge_s:.1f}")
+                f"violations={self.violations} converge_s={self.converge_s:.1f} "
+                f"empty_service_moments={self.empty_service_moments} empty_service_s={self.empty_service_s:.1f} "
+                f"lost_in_flight_at_crash={self.lost_in_flight_at_crash} "
+                f"lost_empty_service={self.lost_empty_service} lost_other={self.lost_other}")
 
 
 @dataclass
