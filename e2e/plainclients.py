@@ -183,10 +183,11 @@ def httpx_generate(client: httpx.Client, base_url: str, body: dict[str, object])
     return _status_failure(response.status_code, response.headers, response.text), response.text
 
 
-def requests_generate(session: requests.Session, base_url: str, body: dict[str, object]) -> tuple[str | None, str]:
+def requests_generate(session: requests.Session, base_url: str, body: dict[str, object],
+                      timeout: float = TIMEOUT_SECONDS) -> tuple[str | None, str]:
     """One native /generate on a requests session: the failure (None on a 2xx) and the answer's text."""
     try:
-        response = session.post(f"{base_url}/generate", json=body, timeout=TIMEOUT_SECONDS)
+        response = session.post(f"{base_url}/generate", json=body, timeout=timeout)
     except requests.RequestException as exc:
         return f"{type(exc).__name__}: {exc}", ""
     return _status_failure(response.status_code, response.headers, response.text), response.text
