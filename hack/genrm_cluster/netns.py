@@ -180,7 +180,7 @@ class PodNetwork:
                 address) not in ipaddress.IPv4Network(self.service_cidr):
             return False
         host = ip("-o", "route", "get", address).split()
-        inside = ip("-n", self.router.name, "-o", "route", "get", address).split()
+        inside = ip("-n", self.router.name, "-o", "route", "get", address, check=False).split()
         return (host[:5] == [address, "via", self.router_ip, "dev", self.bridge]
                 and inside[:3] == [address, "dev", SERVICE_SINK] and sink_kind(self.router.name) in SINK_KINDS)
 
