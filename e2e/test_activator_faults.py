@@ -106,6 +106,8 @@ def _at_zero(cluster: Cluster, namespace: str, name: str) -> str:
     engine = {"extraArgs": ["--sim-startup-seconds", str(STARTUP_SECONDS), "--sim-ttft-ms", "5", "--sim-itl-ms", "1"]}
     cluster.kubectl("apply", "-f", "-", input=pool_manifest(name, namespace, replicas=0, autoscaling=AUTOSCALING,
                                                           engine=engine))
+    wait_for("the pool's Service", lambda: f"service/{name}" in cluster.kubectl(
+        "get", "services", "-n", namespace, "-o", "name").split(), 60, interval=0.3)
     url = cluster.service_url(namespace, name)
     address, port = url.removeprefix("http://").split(":")
     # A connection without a request: kube-proxy sends it to an activator, and nothing wakes the pool.
