@@ -57,7 +57,8 @@ class EmptyServiceWatch:
         self._moments: list[Moment] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"empty-{service}", daemon=True)
+        self._failed: BaseException | None = None
+        self._thread = threading.Thread(target=self._watch, name=f"empty-{service}", daemon=True)
 
     def __enter__(self) -> EmptyServiceWatch:
         self._version = self._resume(self._list())
@@ -69,8 +70,17 @@ class EmptyServiceWatch:
         self._thread.join(timeout=2 * WATCH_SECONDS)
 
     def moments(self) -> list[Moment]:
+        """The moments seen; raises if the watch broke down (moments after that would be missing)."""
+        if self._failed is not None:
+            raise RuntimeError(f"the EndpointSlice watch of {self.selector} failed") from self._failed
         with self._lock:
             return list(self._moments)
+
+    def _watch(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # re-raised by moments(), in the test's thread
+            self._failed = exc
 
     def _run(self) -> None:
         version = self._version
@@ -79,14 +89,13 @@ class EmptyServiceWatch:
                 version = version or self._resume(self._list())
                 for event in watch.Watch().stream(
                         self._discovery.list_namespaced_endpoint_slice, self.namespace, label_selector=self.selector,
-                        resource_version=version, timeout_seconds=WATCH_SECONDS, allow_watch_bookmarks=True):
+                        resource_version=version, timeout_seconds=WATCH_SECONDS):
                     if event["type"] == "ERROR":
                         version = None
                         break
                     found = event["object"]
                     version = found.metadata.resource_version
-                    if event["type"] != "BOOKMARK":
-                        self._seen(found.metadata.name, 0 if event["type"] == "DELETED" else ready_endpoints(found))
+                    self._seen(found.metadata.name, 0 if event["type"] == "DELETED" else ready_endpoints(found))
                     if self._stop.is_set():
                         return
             except ApiException as exc:
