@@ -52,6 +52,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -64,7 +65,7 @@ from genrm_operator.core.names import (
 )
 
 from .emptyservice import EmptyServiceWatch, Moment
-from .harness import SOAK, Cluster, OperatorProcess, SoakFigures, pool_manifest
+from .harness import SOAK, Cluster, OperatorProcess, SoakFigures, pool_manifest, wait_for
 from .plainclients import Failure
 
 POOL = "soak"
@@ -100,7 +101,8 @@ class Crash:
     at: float
     """time.monotonic() just before the kill."""
     done: float
-    """time.monotonic() just after it (another thread may stamp an end in between)."""
+    """time.monotonic() once the engine is seen dead: SIGKILL is delivered when the process next runs, so
+    a request may still enter the engine after the kill call returns, and dies with it."""
     pod: str
     address: str
     """The replica's traffic address (``ip:port``), to match failures that name their replica."""
@@ -351,6 +353,19 @@ def test_soak_random_scaling_operator_kills_and_engine_crashes_lose_nothing(
     assert plain.stats.total_sent > 1000
 
 
+def dead_by(pid: int, timeout: float = 5.0) -> float:
+    """time.monotonic() once ``pid`` has exited (gone, or a zombie its parent has not reaped yet)."""
+    stat = Path(f"/proc/{pid}/stat")
+
+    def dead() -> bool:
+        try:
+            return stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        except FileNotFoundError:
+            return True
+    wait_for(f"process {pid} to die", dead, timeout, interval=0.001)
+    return time.monotonic()
+
+
 def _crash_an_engine(cluster: Cluster, namespace: str, monitor: Monitor, rng: random.Random) -> Crash | None:
     """SIGKILL the engine of a random published replica; None unless another one serves too."""
     serving = published(cluster.pods(namespace, POOL))
@@ -365,7 +380,7 @@ def _crash_an_engine(cluster: Cluster, namespace: str, monitor: Monitor, rng: ra
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             return None
-        done = time.monotonic()
+        done = dead_by(pid)
         after = monitor.sidecar_state(pod, http) or {}
     inflight = int(report.get("inflight", 0))
     held = max(inflight, int(after.get("admittedTotal", 0)) - int(report.get("completedTotal", 0)))
