@@ -13,21 +13,19 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 from genrm_cluster.cluster import LocalCluster
 from genrm_testing import free_port
+from genrm_testing.waiting import wait_for as wait_for
 from kubernetes import client, config
 
 from .plainclients import PlainClients
 
 REPO = Path(__file__).resolve().parents[1]
-T = TypeVar("T")
 
 
 @dataclass
@@ -60,11 +58,22 @@ class SoakFigures:
     engine_kills: int
     violations: int
     converge_s: float
+    empty_service_moments: int
+    """Stretches in which the pool's Service had no ready endpoint."""
+    empty_service_s: float
+    lost_in_flight_at_crash: int
+    """Failed requests that were in flight on an engine when it was killed (allowed)."""
+    lost_empty_service: int
+    """Failed requests that met an empty-Service moment."""
+    lost_other: int
 
     def line(self) -> str:
         return (f"soak-summary: requests={self.requests} failed={self.failed} scale_changes={self.scale_changes} "
                 f"operator_kills={self.operator_kills} engine_kills={self.engine_kills} "
-                f"violations={self.violations} converge_s={self.converge_s:.1f}")
+                f"violations={self.violations} converge_s={self.converge_s:.1f} "
+                f"empty_service_moments={self.empty_service_moments} empty_service_s={self.empty_service_s:.1f} "
+                f"lost_in_flight_at_crash={self.lost_in_flight_at_crash} "
+                f"lost_empty_service={self.lost_empty_service} lost_other={self.lost_other}")
 
 
 @dataclass
@@ -75,18 +84,6 @@ class SoakResult:
 
 
 SOAK = SoakResult()
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 90.0, interval: float = 0.5) -> T:
-    """Poll until ``probe`` returns something truthy; fail with the last value seen."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last={last!r}")
 
 
 @dataclass
@@ -131,13 +128,9 @@ class Cluster:
         """The pool Service's ClusterIP URL, once it answers: kube-proxy programs a new Service within
         about a second, and a request before that is not what the scenarios are about."""
         url = self.service_url(namespace, pool)
-
-        def answers() -> bool:
-            try:
-                return httpx.get(f"{url}/v1/models", timeout=2.0).status_code == 200
-            except httpx.HTTPError:
-                return False
-        wait_for(f"Service {namespace}/{pool} to answer at {url}", answers, timeout=30, interval=0.2)
+        wait_for(f"Service {namespace}/{pool} to answer at {url}",
+                 lambda: httpx.get(f"{url}/v1/models", timeout=2.0).status_code, timeout=30, interval=0.2,
+                 done=lambda code: code == 200)
         return url
 
     def pool(self, namespace: str, name: str) -> dict[str, Any]:

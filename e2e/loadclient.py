@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 import httpx
 from kubernetes import client
 
+from .plainclients import Failure
+
 REFRESH_SECONDS = 1.0
 
 
@@ -30,7 +32,7 @@ class LoadStats:
     failed: int = 0
     retried: int = 0
     by_endpoint: dict[str, int] = field(default_factory=dict)
-    failures: list[str] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
 
 
 class LoadClient:
@@ -101,28 +103,30 @@ class LoadClient:
                    "sampling_params": {"max_new_tokens": self.max_new_tokens, "temperature": 0}}
         with self._lock:
             self.stats.sent += 1
-        outcome = self._send(http, first, payload, rid)
+        started, target = time.monotonic(), first
+        outcome = self._send(http, target, payload, rid)
         if outcome == "draining":
-            others = [t for t in targets if t != first] or targets
+            target = random.choice([t for t in targets if t != first] or targets)
             with self._lock:
                 self.stats.retried += 1
-            outcome = self._send(http, random.choice(others), payload, rid)
+            outcome = self._send(http, target, payload, rid)
         with self._lock:
             if outcome == "ok":
                 self.stats.ok += 1
             else:
                 self.stats.failed += 1
-                self.stats.failures.append(f"{rid}: {outcome}")
+                self.stats.failures.append(Failure(started, time.monotonic(), "load", f"{rid}: {outcome}",
+                                                   target.removeprefix("http://")))
 
     def _send(self, http: httpx.Client, base: str, payload: dict[str, object], rid: str) -> str:
         try:
             response = http.post(f"{base}/generate", json=payload, headers={"X-Request-Id": rid})
         except httpx.HTTPError as exc:
-            return f"{base}: {type(exc).__name__}: {exc}"
+            return f"{type(exc).__name__}: {exc}"
         if response.status_code == 503 and response.headers.get("X-GenRM-Reason") == "draining":
             return "draining"
         if 200 <= response.status_code < 300:
             with self._lock:
                 self.stats.by_endpoint[base] = self.stats.by_endpoint.get(base, 0) + 1
             return "ok"
-        return f"{base}: HTTP {response.status_code}: {response.text[:200]}"
+        return f"HTTP {response.status_code}: {response.text[:200]}"

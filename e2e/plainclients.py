@@ -34,13 +34,21 @@ TIMEOUT_SECONDS = 30.0
 class Failure:
     """One request that did not end in a 2xx, as the client library reported it."""
 
+    started: float
+    """time.monotonic() when the client sent it (openai's own retries included in its span)."""
     at: float
-    """time.monotonic() when it ended (the soak attributes failures to engine crashes by time)."""
+    """time.monotonic() when it ended. The soak attributes a failure to an engine crash it was in
+    flight at, or to a moment the Service had no ready endpoint, by this span."""
     kind: str
     text: str
+    replica: str | None = None
+    """The replica (``ip:port``) it went to, when the client knows: one that picks endpoints itself
+    does (loadclient.py); one sending to a ClusterIP does not (kube-proxy picks the replica, the
+    gateway's refusals name none, and a refused connection reached none)."""
 
     def __str__(self) -> str:
-        return f"{self.kind}: {self.text}"
+        where = f" at {self.replica}" if self.replica else ""
+        return f"{self.kind}{where} ({self.at - self.started:.1f}s): {self.text}"
 
 
 @dataclass
@@ -111,17 +119,18 @@ class PlainClients(Senders):
     def _prompt(self, kind: str) -> str:
         return f"Judge answer {kind}-{next(self._ids)}: is 2+2=4?"
 
-    def _record(self, kind: str, failure: str | None) -> None:
+    def _record(self, kind: str, started: float, failure: str | None) -> None:
         with self._lock:
             self.stats.sent[kind] += 1
             if failure is None:
                 self.stats.ok[kind] += 1
             else:
-                self.stats.failures.append(Failure(time.monotonic(), kind, failure))
+                self.stats.failures.append(Failure(started, time.monotonic(), kind, failure))
 
     def _openai_sync(self) -> None:
         with openai.OpenAI(base_url=f"{self.base_url}/v1", api_key="unused") as client:
             while not self._stop.is_set():
+                started = time.monotonic()
                 try:
                     client.chat.completions.create(
                         model=self.model, max_tokens=self.max_tokens, temperature=0,
@@ -129,7 +138,7 @@ class PlainClients(Senders):
                     failure = None
                 except openai.OpenAIError as exc:
                     failure = f"{type(exc).__name__}: {exc}"
-                self._record("openai", failure)
+                self._record("openai", started, failure)
 
     def _openai_async(self) -> None:
         asyncio.run(self._openai_async_loop())
@@ -137,23 +146,27 @@ class PlainClients(Senders):
     async def _openai_async_loop(self) -> None:
         async with openai.AsyncOpenAI(base_url=f"{self.base_url}/v1", api_key="unused") as client:
             while not self._stop.is_set():
+                started = time.monotonic()
                 try:
                     await client.completions.create(model=self.model, max_tokens=self.max_tokens,
                                                     temperature=0, prompt=self._prompt("openai-async"))
                     failure = None
                 except openai.OpenAIError as exc:
                     failure = f"{type(exc).__name__}: {exc}"
-                self._record("openai-async", failure)
+                self._record("openai-async", started, failure)
 
     def _httpx(self) -> None:
         with httpx.Client(timeout=TIMEOUT_SECONDS) as client:
             while not self._stop.is_set():
-                self._record("httpx", httpx_generate(client, self.base_url, self._native("httpx"))[0])
+                started = time.monotonic()
+                self._record("httpx", started, httpx_generate(client, self.base_url, self._native("httpx"))[0])
 
     def _requests(self) -> None:
         with requests.Session() as session:
             while not self._stop.is_set():
-                self._record("requests", requests_generate(session, self.base_url, self._native("requests"))[0])
+                started = time.monotonic()
+                self._record("requests", started,
+                             requests_generate(session, self.base_url, self._native("requests"))[0])
 
     def _native(self, kind: str) -> dict[str, object]:
         """SGLang's native /generate body."""
@@ -170,10 +183,11 @@ def httpx_generate(client: httpx.Client, base_url: str, body: dict[str, object])
     return _status_failure(response.status_code, response.headers, response.text), response.text
 
 
-def requests_generate(session: requests.Session, base_url: str, body: dict[str, object]) -> tuple[str | None, str]:
+def requests_generate(session: requests.Session, base_url: str, body: dict[str, object],
+                      timeout: float = TIMEOUT_SECONDS) -> tuple[str | None, str]:
     """One native /generate on a requests session: the failure (None on a 2xx) and the answer's text."""
     try:
-        response = session.post(f"{base_url}/generate", json=body, timeout=TIMEOUT_SECONDS)
+        response = session.post(f"{base_url}/generate", json=body, timeout=timeout)
     except requests.RequestException as exc:
         return f"{type(exc).__name__}: {exc}", ""
     return _status_failure(response.status_code, response.headers, response.text), response.text

@@ -112,14 +112,14 @@ class KeepAliveClients(Senders):
     def ok_everywhere(self, at_least: int) -> bool:
         return self._each_at_least(self.stats.ok, at_least)
 
-    def _record(self, kind: str, failure: str | None, answer: str = "") -> None:
+    def _record(self, kind: str, started: float, failure: str | None, answer: str = "") -> None:
         with self._lock:
             if failure is None:
                 self.stats.ok[kind] += 1
                 if found := GATEWAY_ID.search(answer):
                     self.stats.answered_by.append((time.monotonic(), kind, found.group()))
             else:
-                self.stats.failures.append(Failure(time.monotonic(), kind, failure))
+                self.stats.failures.append(Failure(started, time.monotonic(), kind, failure))
 
     def kind_shares(self, start: float, end: float) -> dict[str, list[float]]:
         """Per client kind, the shares of its answers each replica (gateway) gave between ``start`` and
@@ -138,16 +138,19 @@ class KeepAliveClients(Senders):
 
     def _httpx_sender(self) -> None:
         while not self._stop.is_set():
-            self._record("httpx", *httpx_generate(self._httpx, self.base_url, self._native("httpx")))
+            started = time.monotonic()
+            self._record("httpx", started, *httpx_generate(self._httpx, self.base_url, self._native("httpx")))
 
     def _requests_sender(self) -> None:
         with requests.Session() as session:
             while not self._stop.is_set():
-                self._record("requests", *requests_generate(session, self.base_url, self._native("requests")))
+                started = time.monotonic()
+                self._record("requests", started, *requests_generate(session, self.base_url, self._native("requests")))
 
     def _openai_sender(self) -> None:
         with openai.OpenAI(base_url=f"{self.base_url}/v1", api_key="unused") as client:
             while not self._stop.is_set():
+                started = time.monotonic()
                 try:
                     completion = client.completions.create(
                         model=self.model, max_tokens=self.max_tokens, temperature=0,
@@ -155,7 +158,7 @@ class KeepAliveClients(Senders):
                     failure, answer = None, completion.id
                 except openai.OpenAIError as exc:
                     failure, answer = f"{type(exc).__name__}: {exc}", ""
-                self._record("openai", failure, answer)
+                self._record("openai", started, failure, answer)
 
     def _aiohttp_senders(self) -> None:
         asyncio.run(self._aiohttp_session())
@@ -164,13 +167,14 @@ class KeepAliveClients(Senders):
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_SECONDS)) as session:
             async def send() -> None:
                 while not self._stop.is_set():
+                    started = time.monotonic()
                     try:
                         async with session.post(f"{self.base_url}/generate", json=self._native("aiohttp")) as response:
                             text = await response.text()
                             failure = _status_failure(response.status, response.headers, text)
                     except (aiohttp.ClientError, TimeoutError) as exc:
                         failure, text = f"{type(exc).__name__}: {exc}", ""
-                    self._record("aiohttp", failure, text)
+                    self._record("aiohttp", started, failure, text)
             await asyncio.gather(*(send() for _ in range(self.mix["aiohttp"])))
 
 

@@ -22,15 +22,23 @@ Every second a monitor checks the invariants:
   report before the deletion is seen; the drain quiet period outlasts a sampling interval).
 
 A request that reaches a crashed replica waits up to `ENGINE_WAIT_SECONDS` for the restarted
-engine (the gateway's engine wait). Request failures are attributed to an engine crash when they
-happen within `CRASH_WINDOW_SECONDS` after it: per crash each must be the gateway's `502 engineDisconnected`
-(the engine closed the connection under the request, so it was running inside the engine when
-it died), they may not exceed the requests that can have been in flight on that replica at the
-kill (admitted by a read of the sidecar's counters just after it, less those completed by a read
-just before it: a single reading before the kill undercounts requests admitted in between), and
-the `openai` clients (default retries) may lose none. Any other
-failure fails the soak. Finally the pool must converge to the
-last target. The closing `soak-summary:` line gives the figures.
+engine (the gateway's engine wait). A watch on the pool Service's EndpointSlices records every
+moment it has no ready endpoint (start, end). Every failed request is attributed, by its span
+(sent, ended) and its answer:
+
+* in flight at an engine crash: sent before the kill and ended at or after it with the gateway's
+  `502 engineDisconnected` (the engine closed the connection under the request, so it was running
+  inside the engine when it died; only the crashed replica's gateway answers that). Allowed, as
+  long as per crash they do not exceed the requests that can have been in flight on that replica
+  at the kill (admitted by a read of the sidecar's counters just after it, less those completed by
+  a read just before it: a single reading before the kill undercounts requests admitted in
+  between) and the `openai` clients (default retries) lose none;
+* during an empty-Service moment (its span meets one);
+* other.
+
+Any loss not in flight at an engine crash fails the soak. Finally the pool must converge to the
+last target. The closing `soak-summary:` line gives the figures, the empty-Service moments (count
+and seconds) and the attribution counts.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -55,7 +64,8 @@ from genrm_operator.core.names import (
     secret_name,
 )
 
-from .harness import SOAK, Cluster, OperatorProcess, SoakFigures, pool_manifest
+from .emptyservice import EmptyServiceWatch, Moment
+from .harness import SOAK, Cluster, OperatorProcess, SoakFigures, pool_manifest, wait_for
 from .plainclients import Failure
 
 POOL = "soak"
@@ -65,21 +75,21 @@ RESTART_AFTER = (0.0, 3.0)
 MIN_OPERATOR_KILLS = 20
 TARGET_WINDOW_SECONDS = 10.0
 UNREADY_GRACE_SECONDS = 10.0
-CRASH_WINDOW_SECONDS = 15.0
 ENGINE_WAIT_SECONDS = 12.0
 """How long a request that reaches a crashed replica waits for its engine (`engineWaitSeconds`, 5 s
 by default). The simulator's container answers again about 2.5 s after the kill on an idle machine
 (the local kubelet's 1 s back-off, the process start, the 1 s start-up the pool asks for, with its
 port closed until then as SGLang's is); in CI runs on the saturated 2-core machine it took longer
 than 5 s, and once longer than 8 s, and a request that reached the replica just after the kill got
-the 503 the wait is there to avoid. Below CRASH_WINDOW_SECONDS, so a wait that runs out is still
-counted against the crash (and fails the soak: it is not a 502 from inside the engine)."""
+the 503 the wait is there to avoid (a loss that was not in flight at the crash)."""
 CONVERGE_TIMEOUT = 240.0
 OPENAI_KINDS = ("openai", "openai-async")
 ENGINE_DIED = "HTTP 502 (engineDisconnected)"
 """How the plain clients record a request that was running inside an engine when it died."""
 CONTROL_PORT = 8001
 """spec.gateway.controlPort's default, which the soak pool keeps."""
+TRAFFIC_PORT = 8000
+"""spec.gateway.port's default, likewise."""
 
 Pod = dict[str, Any]
 
@@ -89,7 +99,13 @@ class Crash:
     """One engine SIGKILL and what the sidecar held at that moment."""
 
     at: float
+    """time.monotonic() just before the kill."""
+    done: float
+    """time.monotonic() once the engine is seen dead: SIGKILL is delivered when the process next runs, so
+    a request may still enter the engine after the kill call returns, and dies with it."""
     pod: str
+    address: str
+    """The replica's traffic address (``ip:port``), to match failures that name their replica."""
     inflight: int
     """In flight as the sidecar reported just before the kill."""
     held: int
@@ -201,14 +217,39 @@ def engine_pid(pod: Pod) -> int | None:
     return None
 
 
-def attribute(failures: list[Failure], crashes: list[Crash]) -> tuple[dict[int, list[Failure]], list[Failure]]:
-    """Failures within CRASH_WINDOW_SECONDS after a crash (the latest one), and all others."""
-    by_crash: dict[int, list[Failure]] = {i: [] for i in range(len(crashes))}
-    other: list[Failure] = []
+@dataclass
+class Attribution:
+    """Every failed request, by cause (see the module docstring)."""
+
+    in_flight: dict[int, list[Failure]]
+    """Per crash (index into the crashes), the requests in flight on its replica that its kill ended."""
+    empty_service: list[Failure]
+    other: list[Failure]
+
+    @property
+    def in_flight_count(self) -> int:
+        return sum(len(lost) for lost in self.in_flight.values())
+
+
+def in_flight_at(failure: Failure, crash: Crash) -> bool:
+    """Sent before the kill, ended at or after it, by the engine's death, on that crash's replica
+    (when the failure names its replica)."""
+    return (failure.started <= crash.done and failure.at >= crash.at and failure.text.startswith(ENGINE_DIED)
+            and failure.replica in (None, crash.address))
+
+
+def attribute(failures: list[Failure], crashes: list[Crash], moments: list[Moment]) -> Attribution:
+    """In flight at a crash (the latest one it meets) first, then an empty-Service moment, else other."""
+    result = Attribution({i: [] for i in range(len(crashes))}, [], [])
     for f in failures:
-        owners = [i for i, c in enumerate(crashes) if c.at <= f.at <= c.at + CRASH_WINDOW_SECONDS]
-        (by_crash[owners[-1]] if owners else other).append(f)
-    return by_crash, other
+        owners = [i for i, c in enumerate(crashes) if in_flight_at(f, c)]
+        if owners:
+            result.in_flight[owners[-1]].append(f)
+        elif any(m.overlaps(f.started, f.at) for m in moments):
+            result.empty_service.append(f)
+        else:
+            result.other.append(f)
+    return result
 
 
 def test_soak_random_scaling_operator_kills_and_engine_crashes_lose_nothing(
@@ -243,7 +284,8 @@ def test_soak_random_scaling_operator_kills_and_engine_crashes_lose_nothing(
                 except AssertionError as exc:  # kubectl hiccup: the next second checks again
                     print(f"soak monitor: {exc}", flush=True)
 
-    with cluster.plain_clients(namespace, POOL) as plain:
+    with EmptyServiceWatch(cluster.api, namespace, POOL) as service, \
+            cluster.plain_clients(namespace, POOL) as plain:
         checker = threading.Thread(target=monitor_loop, name="soak-monitor", daemon=True)
         checker.start()
         start = time.monotonic()
@@ -277,28 +319,51 @@ def test_soak_random_scaling_operator_kills_and_engine_crashes_lose_nothing(
         stop.set()
         checker.join(5)
 
-    by_crash, other = attribute(plain.stats.failures, crashes)
+    until = time.monotonic()
+    moments = service.moments()
+    for moment in moments:
+        print(f"soak: the Service had no ready endpoint from +{moment.start - start:.1f}s for "
+              f"{moment.seconds(until):.1f}s", flush=True)
+    lost = attribute(plain.stats.failures, crashes, moments)
     excess: list[str] = []
     for i, crash in enumerate(crashes):
-        lost = by_crash[i]
-        openai_lost = [f for f in lost if f.kind in OPENAI_KINDS]
-        not_in_engine = [f for f in lost if not f.text.startswith(ENGINE_DIED)]
-        print(f"soak: engine crash {crash.pod} in_flight={crash.inflight} held<={crash.held} serving={crash.serving} "
-              f"failed={len(lost)} openai_failed={len(openai_lost)} not_in_engine={len(not_in_engine)}", flush=True)
-        if len(lost) > crash.held or openai_lost or not_in_engine:
+        ended = lost.in_flight[i]
+        openai_lost = [f for f in ended if f.kind in OPENAI_KINDS]
+        print(f"soak: engine crash {crash.pod} at +{crash.at - start:.1f}s in_flight={crash.inflight} "
+              f"held<={crash.held} serving={crash.serving} failed={len(ended)} openai_failed={len(openai_lost)}",
+              flush=True)
+        if len(ended) > crash.held or openai_lost:
             excess += [f"crash of {crash.pod} (in flight {crash.inflight}, at most {crash.held} at the kill, "
                        f"{crash.serving} serving): {f}"
-                       for f in lost]
+                       for f in ended]
     SOAK.figures = SoakFigures(
         requests=plain.stats.total_sent, failed=plain.stats.failed, scale_changes=scale_changes,
         operator_kills=kill_count, engine_kills=len(crashes), violations=len(monitor.violations),
-        converge_s=converge_s)
+        converge_s=converge_s, empty_service_moments=len(moments),
+        empty_service_s=sum(m.seconds(until) for m in moments), lost_in_flight_at_crash=lost.in_flight_count,
+        lost_empty_service=len(lost.empty_service), lost_other=len(lost.other))
     print(SOAK.figures.line(), flush=True)
     assert not monitor.violations, "\n".join(monitor.violations)
-    listing = "\n".join(str(f) for f in other[:200])
-    assert not other, f"{len(other)} failures outside engine crashes:\n{listing}"
+    unattributed = [f"+{f.started - start:.1f}s..+{f.at - start:.1f}s {cause}: {f}"
+                    for cause, failures in (("empty Service", lost.empty_service), ("other", lost.other))
+                    for f in failures]
+    assert not unattributed, (f"{len(unattributed)} failures not in flight at an engine crash:\n"
+                              + "\n".join(unattributed[:200]))
     assert not excess, "failures beyond what the crashed engines held:\n" + "\n".join(excess[:200])
     assert plain.stats.total_sent > 1000
+
+
+def dead_by(pid: int, timeout: float = 5.0) -> float:
+    """time.monotonic() once ``pid`` has exited (gone, or a zombie its parent has not reaped yet)."""
+    stat = Path(f"/proc/{pid}/stat")
+
+    def dead() -> bool:
+        try:
+            return stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        except FileNotFoundError:
+            return True
+    wait_for(f"process {pid} to die", dead, timeout, interval=0.001)
+    return time.monotonic()
 
 
 def _crash_an_engine(cluster: Cluster, namespace: str, monitor: Monitor, rng: random.Random) -> Crash | None:
@@ -310,13 +375,15 @@ def _crash_an_engine(cluster: Cluster, namespace: str, monitor: Monitor, rng: ra
     pod, pid = rng.choice(candidates)
     with httpx.Client(timeout=1.0) as http:
         report = monitor.sidecar_state(pod, http) or {}
+        at = time.monotonic()
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             return None
-        at = time.monotonic()
+        done = dead_by(pid)
         after = monitor.sidecar_state(pod, http) or {}
     inflight = int(report.get("inflight", 0))
     held = max(inflight, int(after.get("admittedTotal", 0)) - int(report.get("completedTotal", 0)))
     print(f"soak: killed the engine of {pod['metadata']['name']} (pid {pid}), sidecar said {report}", flush=True)
-    return Crash(at, pod["metadata"]["name"], inflight, held, len(serving))
+    address = f"{pod['status']['podIP']}:{TRAFFIC_PORT}"
+    return Crash(at, done, pod["metadata"]["name"], address, inflight, held, len(serving))

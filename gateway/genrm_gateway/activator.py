@@ -9,6 +9,13 @@ close``, so the client's next request opens a new connection, which the Service 
 a replica once the operator has taken the activator out of it: the activator is a hop only for the
 requests that arrived at zero.
 
+Stopping (SIGTERM, `ActivatorServer`) loses nothing: it goes on taking traffic for the propagation
+window, while the pools' Services may still send clients here (the operator takes a terminating
+activator out of the pools' slices, then kube-proxy follows), then stops taking it and exits once
+it holds nothing: the operator still follows a terminating activator, so its held requests go to
+the first replica that serves as always. A killed activator (SIGKILL) loses what it held: the
+kernel closes those connections, so their clients learn it at once.
+
 Bounded like the gateway, whose connection protocol it runs on its traffic port (head, body and
 connection limits, timers for every idle connection): a pool holds at most ``maxHeld`` requests
 (``503 holdQueueFull`` beyond), each at most ``holdTimeoutSeconds`` (``503 holdTimeout``), both
@@ -28,9 +35,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import httpx
+import uvicorn
 from genrm_contract.activator import ROUTES_PATH, ActivatorState, PoolRoute, pool_key
 from genrm_contract.demand import DEMAND_PATH, DemandHint
-from genrm_contract.sidecar import MAX_WAIT_SECONDS, STATE_PATH, WAIT_PARAM, WATCH_TICK_SECONDS, RefusalReason
+from genrm_contract.sidecar import (
+    MAX_WAIT_SECONDS,
+    PROPAGATION_SECONDS,
+    STATE_PATH,
+    WAIT_PARAM,
+    WATCH_TICK_SECONDS,
+    RefusalReason,
+)
 from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
@@ -39,6 +54,7 @@ from genrm_gateway.config import Limits
 from genrm_gateway.connection import Connections, GatewayProtocol, protocol_class
 from genrm_gateway.demand import DemandBoard
 from genrm_gateway.errors import CLOSE_HEADER, Refusal, send_error, send_json
+from genrm_gateway.stopping import StoppingServer
 
 # Hop-by-hop fields (RFC 9110 7.6.1), never passed on either way, and the framing the forwarding
 # client and the server each write themselves.
@@ -90,6 +106,8 @@ class Activator:
         self._last_held: dict[str, int] = {}
         self._last_demand: dict[str, tuple[DemandHint, ...]] = {}
         self._http: httpx.AsyncClient | None = None
+        self._released = asyncio.Event()
+        """Set whenever a held request stops being held."""
 
     @property
     def protocol(self) -> type[GatewayProtocol]:
@@ -104,6 +122,16 @@ class Activator:
             self._version += 1
         self._last_held, self._last_demand = held, demand
         return ActivatorState(held=held, demand=demand, boot_id=self._boot_id, version=self._version)
+
+    def holding(self) -> int:
+        """Requests held now, all pools together."""
+        return sum(pool.held for pool in self._pools.values())
+
+    async def nothing_held(self) -> None:
+        """Return once no request is held (at once if none is)."""
+        while self.holding():
+            self._released.clear()
+            await self._released.wait()
 
     def set_route(self, key: str, route: PoolRoute) -> None:
         """Serve ``key``'s clients by ``route`` (idempotent); held requests go as soon as it has targets."""
@@ -201,6 +229,7 @@ class Activator:
                                          return_when=asyncio.FIRST_COMPLETED)
         finally:
             pool.held -= 1
+            self._released.set()
             for task in (serving, gone):
                 task.cancel()
         if serving in done:
@@ -290,6 +319,23 @@ class Activator:
             await asyncio.sleep(min(WATCH_TICK_SECONDS, left))
             state = self.state()
         await send_json(send, 200, json.dumps(state.wire()).encode())
+
+
+class ActivatorServer(StoppingServer):
+    """The activator's way of stopping (see the module docstring): traffic for `PROPAGATION_SECONDS`
+    more, then none, and the exit once nothing is held; the control port stays open throughout, so
+    the operator still sees what it holds and tells it where to send it."""
+
+    def __init__(self, config: uvicorn.Config, activator: Activator) -> None:
+        super().__init__(config, "genrm-gateway activator")
+        self._activator = activator
+
+    async def stop(self) -> None:
+        await asyncio.sleep(PROPAGATION_SECONDS)
+        for server in self.servers:
+            if any(sock.getsockname()[1] == self._activator.port for sock in server.sockets):
+                server.close()
+        await self._activator.nothing_held()
 
 
 def _connection_listed(headers: Iterable[tuple[bytes, bytes]]) -> set[bytes]:

@@ -23,7 +23,7 @@ import uvicorn
 from genrm_contract.drained import control_token
 from genrm_contract.sidecar import ENGINE_KEY_ENV
 
-from genrm_gateway.activator import Activator
+from genrm_gateway.activator import Activator, ActivatorServer
 from genrm_gateway.apikey import checked, read_key_file, write_engine_files
 from genrm_gateway.app import Gateway
 from genrm_gateway.config import EngineAddress, GatewayConfig, Limits
@@ -164,8 +164,9 @@ def serve(args: argparse.Namespace) -> None:
 
 
 def activate(args: argparse.Namespace) -> None:
-    """Run the activator. On SIGTERM uvicorn stops accepting and lets held requests finish: they are
-    answered when a replica serves or their hold times out, up to ``GRACEFUL_SHUTDOWN_SECONDS``."""
+    """Run the activator. On SIGTERM it keeps taking traffic for the propagation window, then stops
+    taking it and exits once it holds nothing (`ActivatorServer`); forwarded answers still streaming
+    then get up to ``GRACEFUL_SHUTDOWN_SECONDS``."""
     if args.port == args.control_port:
         sys.exit("genrm-gateway activator: --port and --control-port must differ")
     token = control_token()
@@ -174,10 +175,10 @@ def activate(args: argparse.Namespace) -> None:
     limits = Limits(**{limit.name: getattr(args, limit.name) for limit in dataclasses.fields(Limits)})
     ensure_open_files(limits.max_connections)
     app = Activator(args.port, args.control_port, token, limits)
-    server = uvicorn.Server(uvicorn.Config(
+    server = ActivatorServer(uvicorn.Config(
         app, loop="uvloop", http=app.protocol, ws="none", lifespan="on", log_level="warning", access_log=False,
         server_header=False, proxy_headers=False, timeout_keep_alive=round(limits.keep_alive_seconds),
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS))
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS), app)
     server.run([_listen(args.host, args.port), _listen(args.host, args.control_port)])
 
 

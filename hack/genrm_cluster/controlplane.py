@@ -33,6 +33,7 @@ from pathlib import Path
 import httpx
 import yaml
 from genrm_testing import free_port
+from genrm_testing.waiting import WaitTimeout, wait_for
 
 from genrm_cluster import procutil
 from genrm_cluster.kubeapi import JSON, ApiError, KubeAPI
@@ -224,17 +225,16 @@ class ControlPlane:
 
     def _wait_http(self, name: str, url: str, verify: bool | ssl.SSLContext) -> None:
         """Poll a health URL on loopback until it answers 200 (or the component dies)."""
-        deadline = time.monotonic() + START_TIMEOUT
+        def healthy() -> int:
+            self._check_alive(name)
+            return client.get(url).status_code
+
         with httpx.Client(verify=verify, timeout=3.0) as client:
-            while True:
-                self._check_alive(name)
-                with contextlib.suppress(httpx.HTTPError):
-                    if client.get(url).status_code == 200:
-                        return
-                if time.monotonic() > deadline:
-                    raise ControlPlaneError(f"{name} not healthy at {url} after {START_TIMEOUT}s; "
-                                            f"log {self.logs[name]}:\n{self._tail(name)}")
-                time.sleep(0.2)
+            try:
+                wait_for(f"{name} healthy at {url}", healthy, START_TIMEOUT, interval=0.2,
+                         done=lambda code: code == 200)
+            except WaitTimeout as expired:
+                raise ControlPlaneError(f"{expired}; log {self.logs[name]}:\n{self._tail(name)}") from None
 
     def _wait_default_service_account(self) -> None:
         """Pods can only be created once the ServiceAccount controller made `default/default`."""

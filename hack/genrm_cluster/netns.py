@@ -18,8 +18,18 @@ reaches it), exactly like a real pod. The design:
   every pod, onto the bridge via a per-slot router namespace `genrm<slot>-proxy` (the last address
   of the /16, `gv<slot>-proxy` on the bridge) in which kube-proxy programs its rules (see
   serviceproxy.py). The range is confined to the host: the bridge has no uplink, the router has
-  no other interface and nothing forwards between the bridge and any other interface of the host.
-  Deleting the router namespace deletes every rule kube-proxy made.
+  no other interface than its veth and a discarding device, and nothing forwards between the
+  bridge and any other interface of the host. Deleting the router namespace deletes every rule
+  kube-proxy made.
+* Inside the router the service range is routed to that device (`svc0`: a dummy device, or an
+  ifb device on kernels built without dummy; both discard whatever is routed to them and never
+  resolve neighbours). Why: kube-proxy's "no endpoints" reject rules sit in the input, forward
+  and output hooks, which a forwarded packet reaches only after a successful route lookup;
+  without a route the kernel answers "network unreachable" (ENETUNREACH) where a real node, whose
+  default route covers the service range, answers with kube-proxy's reject (ECONNREFUSED). A
+  ClusterIP with ready endpoints is DNATed before the lookup and never meets this route; an
+  address no Service holds is dropped by kube-proxy or swallowed by `svc0`, so it gets no answer
+  from anywhere outside the host.
 * A slot is owned through an flock on /run/genrm-cluster/slot-<slot>.lock held for the agent's
   lifetime, so concurrent clusters on one host do not collide. On acquiring a slot, leftovers of a
   crashed run with that slot's name prefix (namespaces and the processes in them, veths, bridge)
@@ -35,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import ipaddress
+import json
 import os
 import signal
 import subprocess
@@ -74,6 +85,11 @@ class PodNetns:
 
 ROUTER = "proxy"
 """Suffix of the router namespace and veth of a slot (pods are numbered, so no clash)."""
+SERVICE_SINK = "svc0"
+"""The device the router routes the service range to (see the module docstring)."""
+SINK_KINDS = ("dummy", "ifb")
+"""Link kinds that discard every packet routed to them (an ifb device drops what tc did not redirect
+to it), in order of preference: dummy is the usual choice, ifb stands in on kernels without it."""
 
 
 class PodNetwork:
@@ -134,6 +150,8 @@ class PodNetwork:
         subprocess.run([*self.router.exec_prefix(), "sysctl", "-q", "-w", "net.ipv4.ip_forward=1",
                         "net.ipv4.conf.all.send_redirects=0", "net.ipv4.conf.eth0.send_redirects=0"],
                        check=True, capture_output=True)
+        _add_sink(self.router.name)
+        ip("-n", self.router.name, "route", "add", self.service_cidr, "dev", SERVICE_SINK)
         ip("route", "replace", self.service_cidr, "via", self.router_ip, "dev", self.bridge)
 
     def add_pod(self) -> PodNetns:
@@ -152,16 +170,19 @@ class PodNetwork:
             return str(self.network[self._counter + 1])
 
     def service_route_in_place(self, address: str) -> bool:
-        """Whether the host routes `address` into this slot's service range via its router.
+        """Whether `address` is in this slot's service range, the host routes it via the router,
+        and the router, where no DNAT applies, routes it into its dummy device.
 
         The harness asks this before dialling a ClusterIP, so a test can never send traffic to
         a service address that might leave the host.
         """
-        if self._lock_file is None or ipaddress.IPv4Address(address) not in ipaddress.IPv4Network(
-                self.service_cidr):
+        if self._lock_file is None or self.router is None or ipaddress.IPv4Address(
+                address) not in ipaddress.IPv4Network(self.service_cidr):
             return False
-        route = ip("-o", "route", "get", address).split()
-        return route[:5] == [address, "via", self.router_ip, "dev", self.bridge]
+        host = ip("-o", "route", "get", address).split()
+        inside = ip("-n", self.router.name, "-o", "route", "get", address, check=False).split()
+        return (host[:5] == [address, "via", self.router_ip, "dev", self.bridge]
+                and inside[:3] == [address, "dev", SERVICE_SINK] and sink_kind(self.router.name) in SINK_KINDS)
 
     def _attach(self, name: str, address: str, host_veth: str) -> PodNetns:
         """A namespace with `lo` up and `eth0` on the bridge carrying `address`."""
@@ -198,6 +219,27 @@ class PodNetwork:
             if link.startswith(f"gv{self.slot}-"):
                 ip("link", "del", link, check=False)
         ip("link", "del", self.bridge, check=False)
+
+
+def _add_sink(netns: str) -> None:
+    """`SERVICE_SINK` in `netns`, up, of the first kind in `SINK_KINDS` the kernel offers."""
+    refused: list[str] = []
+    for kind in SINK_KINDS:
+        try:
+            ip("-n", netns, "link", "add", SERVICE_SINK, "type", kind)
+        except NetworkError as err:
+            refused.append(str(err))
+            continue
+        ip("-n", netns, "link", "set", SERVICE_SINK, "up")
+        return
+    raise NetworkError(f"no discarding device for the service range: {'; '.join(refused)}")
+
+
+def sink_kind(netns: str) -> str | None:
+    """The link kind of `SERVICE_SINK` in `netns`; None when it is missing."""
+    shown = ip("-n", netns, "-j", "-d", "link", "show", SERVICE_SINK, check=False)
+    links = json.loads(shown) if shown.strip() else []
+    return str(links[0].get("linkinfo", {}).get("info_kind")) if links else None
 
 
 def _remove_netns(name: str) -> None:

@@ -23,11 +23,11 @@ import os
 import socket
 import subprocess
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+from genrm_testing.waiting import WaitTimeout, wait_for
 
 from genrm_cluster import procutil
 from genrm_cluster.netns import PodNetns
@@ -154,18 +154,18 @@ class ServiceProxy:
         self._wait_synced()
 
     def _wait_synced(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT
+        def healthz() -> int:
+            assert self._proc is not None
+            if self._proc.poll() is not None:
+                raise ServiceProxyError(f"kube-proxy exited with {self._proc.returncode}:\n{self._tail()}")
+            return client.get(self.healthz).status_code
+
         with httpx.Client(timeout=2.0) as client:
-            while time.monotonic() < deadline:
-                assert self._proc is not None
-                if self._proc.poll() is not None:
-                    raise ServiceProxyError(f"kube-proxy exited with {self._proc.returncode}:\n{self._tail()}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if client.get(self.healthz).status_code == 200:
-                        return
-                time.sleep(0.2)
-        raise ServiceProxyError(f"kube-proxy not healthy at {self.healthz} after {START_TIMEOUT:g}s:\n"
-                                f"{self._tail()}")
+            try:
+                wait_for(f"kube-proxy healthy at {self.healthz}", healthz, START_TIMEOUT, interval=0.2,
+                         done=lambda code: code == 200)
+            except WaitTimeout as expired:
+                raise ServiceProxyError(f"{expired}:\n{self._tail()}") from None
 
     def _tail(self, lines: int = 30) -> str:
         with contextlib.suppress(OSError):

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from genrm_testing.waiting import wait_for
+
 
 def free_port() -> int:
     """An ephemeral loopback port that was free a moment ago."""
@@ -28,20 +30,16 @@ def free_port() -> int:
 
 
 def wait_ready(url: str, seconds: float = 30.0, status: int = 200) -> None:
-    """Poll ``url`` until it answers ``status``; raises TimeoutError after ``seconds``.
+    """Poll ``url`` until it answers ``status``; a refused or failed connection is "not yet", and
+    the deadline fails with the last status or error (`waiting.wait_for`).
 
     One poll may take until the deadline: SGLang's ``/health`` runs a generation and answers after
     a second or more, so a short per-request limit would never see it succeed.
     """
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=max(1.0, deadline - time.monotonic())).status_code == status:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    raise TimeoutError(f"{url} did not answer {status} within {seconds}s")
+    wait_for(f"{url} to answer {status}",
+             lambda: httpx.get(url, timeout=max(1.0, deadline - time.monotonic())).status_code,
+             timeout=seconds, interval=0.05, done=lambda code: code == status)
 
 
 @contextmanager

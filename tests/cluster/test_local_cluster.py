@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable
@@ -18,6 +19,8 @@ from typing import Any
 import pytest
 from genrm_cluster.cluster import LocalCluster
 from genrm_cluster.kubeapi import ApiError
+from genrm_cluster.netns import SERVICE_SINK, SINK_KINDS, ip, sink_kind
+from genrm_testing import waiting
 
 pytestmark = pytest.mark.cluster
 
@@ -43,19 +46,20 @@ def get_pod(cluster: LocalCluster, name: str) -> JSON:
 
 def wait_for(cluster: LocalCluster, pod: str, what: str, check: Callable[[], bool],
              timeout: float = 30.0) -> None:
-    """Poll `check`; on timeout fail with the pod object and its container logs."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.3)
+    """Poll `check` (a refused or failed connection is "not yet"); on timeout fail with the last
+    answer or error, the pod object and its container logs."""
+    try:
+        waiting.wait_for(f"pod {pod} {what}", check, timeout, interval=0.3)
+        return
+    except waiting.WaitTimeout as expired:
+        last = str(expired)
     try:
         state = json.dumps(get_pod(cluster, pod).get("status"), indent=1)
     except ApiError as err:
         state = str(err)
     logs = "\n".join(f"--- {c} ({p}):\n{p.read_text()[-2000:]}"
                      for c, p in cluster.logs_for(pod).items() if p.exists())
-    pytest.fail(f"pod {pod}: not {what} after {timeout}s\nstatus: {state}\n{logs}")
+    pytest.fail(f"{last}\nstatus: {state}\n{logs}")
 
 
 def volume_dir(cluster: LocalCluster, pod: str, volume: str) -> Path:
@@ -157,6 +161,71 @@ def test_service_url_refuses_an_address_outside_the_routed_service_range(cluster
         cluster.service_url("default", "headless")
     assert not cluster.network.service_route_in_place("10.244.0.5")
     assert not cluster.network.service_route_in_place("192.0.2.7")
+
+
+def test_a_service_without_endpoints_refuses_connections_like_a_real_node(cluster: LocalCluster) -> None:
+    """kube-proxy's reject rule answers: ECONNREFUSED from the host and from a pod, as on a real node
+    (not ENETUNREACH, which the router gave while it had no route for the service range)."""
+    create(cluster, pod_manifest("asker", {"name": "asker", "command": ["sleep", "3600"]}))
+    create(cluster, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "nobody"},
+                     "spec": {"selector": {"app": "nobody"}, "ports": [{"name": "http", "port": 80}]}})
+    address, port = cluster.service_url("default", "nobody").removeprefix("http://").split(":")
+    outcomes: list[str] = []
+
+    def refused() -> bool:
+        outcomes.append(connect_outcome(address, int(port)))
+        assert outcomes[-1] in ("ECONNREFUSED", "timeout"), outcomes
+        return outcomes[-1] == "ECONNREFUSED"
+    # Until kube-proxy has programmed the new Service its address is unknown, which gets no answer.
+    wait_for(cluster, "asker", f"refusing connections at {address}:{port} from the host", refused)
+    wait_for(cluster, "asker", "Running", lambda: get_pod(cluster, "asker")["status"].get("phase") == "Running")
+    asker = next(r.netns for r in cluster.agent.runners.values()
+                 if r.pod["metadata"]["name"] == "asker" and r.netns is not None)
+    inside = subprocess.run([*asker.exec_prefix(), sys.executable, "-c", CONNECT_PROGRAM, address, port],
+                            capture_output=True, text=True, timeout=30)
+    assert inside.stdout.strip() == "ECONNREFUSED", inside
+
+
+def test_an_unknown_service_address_gets_no_answer_from_outside_the_host(cluster: LocalCluster) -> None:
+    """An address of the service range that no Service holds is refused by kube-proxy or swallowed
+    inside the router namespace: its route ends in the router's discarding device, the router has
+    no other way out, and the host's bridge has only this cluster's veths."""
+    network = cluster.network
+    assert network.router is not None
+    taken = {s["spec"].get("clusterIP") for s in cluster.api.get("/api/v1/services")["items"]}
+    address = str(ipaddress.ip_network(network.service_cidr)[-2])
+    assert address not in taken
+    assert network.service_route_in_place(address)
+    assert sink_kind(network.router.name) in SINK_KINDS
+    router_links = {link["ifname"] for link in json.loads(ip("-n", network.router.name, "-j", "link", "show"))}
+    assert router_links == {"lo", "eth0", SERVICE_SINK}
+    assert ip("-n", network.router.name, "route", "show", "default").strip() == ""
+    routes = ip("-n", network.router.name, "-o", "route", "show").splitlines()
+    assert sorted(r.split()[2] for r in routes) == sorted(["eth0", SERVICE_SINK]), routes
+    bridge_ports = {link["ifname"] for link in json.loads(ip("-j", "link", "show", "master", network.bridge))}
+    assert all(port.startswith(f"gv{network.slot}-") for port in bridge_ports), bridge_ports
+    assert connect_outcome(address, 80) in ("ECONNREFUSED", "timeout")
+
+
+CONNECT_PROGRAM = """
+import errno, socket, sys
+s = socket.socket()
+s.settimeout(2)
+try:
+    s.connect((sys.argv[1], int(sys.argv[2])))
+    print("connected")
+except TimeoutError:
+    print("timeout")
+except OSError as exc:
+    print(errno.errorcode.get(exc.errno, str(exc)))
+"""
+
+
+def connect_outcome(address: str, port: int) -> str:
+    """How a TCP connect from the host ends: "connected", "timeout" or the errno's name."""
+    done = subprocess.run([sys.executable, "-c", CONNECT_PROGRAM, address, str(port)],
+                          capture_output=True, text=True, timeout=30)
+    return done.stdout.strip() or done.stderr
 
 
 def test_env_secret_and_downward_api(cluster: LocalCluster) -> None:

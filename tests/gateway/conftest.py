@@ -12,6 +12,7 @@ import httpx
 import pytest
 from genrm_contract.sidecar import IDLE_REPORT_SECONDS
 from genrm_testing import CONTROL_TOKEN, RunningGateway, RunningSim, run_gateway, run_sim
+from genrm_testing.waiting import wait_for
 
 TOKEN = CONTROL_TOKEN
 AUTH = {"authorization": f"Bearer {TOKEN}"}
@@ -27,10 +28,8 @@ class Gateway(RunningGateway):
     def wait_reported_idle(self, seconds: float = 10.0) -> None:
         """Until the state document calls the gateway idle: idleness is a significant field (scale to
         zero reads it), so a test that watches the version for another change looks after this."""
-        deadline = time.monotonic() + seconds
-        while (self.state().get("idleSinceSeconds") or 0) < IDLE_REPORT_SECONDS + 0.1:  # type: ignore[operator]
-            assert time.monotonic() < deadline, "the gateway never reported itself idle"
-            time.sleep(0.1)
+        wait_for("the gateway to report itself idle", lambda: self.state().get("idleSinceSeconds") or 0, seconds,
+                 interval=0.1, done=lambda idle: idle >= IDLE_REPORT_SECONDS + 0.1)  # type: ignore[operator]
 
     def drain(self, drain_id: str, phase: str, **extra: object) -> httpx.Response:
         return httpx.post(f"{self.control}/v1/drain", headers=AUTH,

@@ -7,7 +7,9 @@ through the Service again; a pool's hold queue and hold time are bounded with a 
 (``holdQueueFull``, ``holdTimeout``, ``Retry-After``); a Host that is no known pool gets 404
 ``unknownPool``; the control API wants the token; the client's API key goes through to the
 gateway untouched; a killed activator's held clients see their connection end without an answer
-(what the docs promise them).
+(what the docs promise them); a stopping one (SIGTERM) takes traffic for the propagation window,
+then refuses new connections, keeps its control port and what it holds until a route releases it,
+and exits once it holds nothing.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ import pytest
 from conftest import gateway_stack
 from genrm_contract.activator import ROUTES_PATH
 from genrm_contract.demand import DEMAND_PATH
+from genrm_contract.sidecar import PROPAGATION_SECONDS
 from genrm_gateway.activator import host_key
 from genrm_testing import CONTROL_TOKEN, RunningGateway, run_activator
+from genrm_testing.waiting import wait_for
 from test_apikey import BEARER, KEY, keyed_stack, write_key
 
 pytestmark = pytest.mark.timeout(60)
@@ -137,6 +141,34 @@ def test_a_killed_activator_ends_its_held_connections_without_an_answer() -> Non
         assert all(isinstance(r, httpx.TransportError) for r in results), results
 
 
+def test_a_stopping_activator_keeps_what_it_holds_and_takes_traffic_until_the_propagation_window_ends() -> None:
+    with gateway_stack() as stack, run_activator() as act:
+        route(act, [])
+        results: list[httpx.Response | Exception] = []
+        senders = [threading.Thread(target=lambda: results.extend(_send_all(act.url, 2)))]
+        senders[0].start()
+        wait_held(act, {"rl/judge": 2})
+        act.process.send_signal(signal.SIGTERM)
+        senders.append(threading.Thread(target=lambda: results.extend(_send_all(act.url, 1))))
+        senders[1].start()
+        wait_held(act, {"rl/judge": 3})
+
+        def refused() -> bool:
+            try:
+                socket.create_connection(("127.0.0.1", act.port), timeout=1).close()
+            except ConnectionRefusedError:
+                return True
+            return False
+        wait_for("the traffic port to stop taking connections", refused, PROPAGATION_SECONDS + 5, interval=0.2)
+        assert state(act)["held"] == {"rl/judge": 3}, "the control port stays open, the held stay held"
+        assert act.process.poll() is None
+        route(act, [f"127.0.0.1:{stack.port}"])
+        for sender in senders:
+            sender.join()
+        assert [r.status_code if isinstance(r, httpx.Response) else r for r in results] == [200] * 3
+        assert act.process.wait(10) == 0, "nothing held: it exits"
+
+
 def test_a_hint_sent_at_zero_is_answered_at_once_and_reported_for_the_operator() -> None:
     with run_activator() as act:
         route(act, [])
@@ -167,10 +199,7 @@ def test_a_client_that_leaves_while_held_is_forgotten_and_never_forwarded() -> N
 
 
 def wait_held(act: RunningGateway, held: dict[str, int]) -> None:
-    deadline = time.monotonic() + 10
-    while state(act)["held"] != held:
-        assert time.monotonic() < deadline, state(act)
-        time.sleep(0.05)
+    wait_for(f"held {held}", lambda: state(act), 10, interval=0.05, done=lambda now: now["held"] == held)
 
 
 def test_host_values_are_matched_as_clients_send_them() -> None:

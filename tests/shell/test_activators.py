@@ -5,7 +5,9 @@ Aspects: the fleet finds the activators in their Service's ready endpoints and f
 state; an activator stands in for a pool (is in ``view(key)``) only once it acknowledged the pool's
 route, and that acknowledgement wakes the pool; held requests and hints sent at zero reach the
 operator and wake the pool; a removed route is deleted; an activator that restarts (a new boot id)
-is dropped from every pool's view until it is told the routes again, and every pool is woken.
+is dropped from every pool's view until it is told the routes again, and every pool is woken; a
+terminating activator stands in for no pool but is still followed and told the routes (what it
+holds is released by them).
 """
 
 from __future__ import annotations
@@ -94,6 +96,33 @@ async def test_a_restarted_activator_is_dropped_from_every_pool_until_told_again
                 await until(lambda: None in woken and fleet.view("rl/judge").addresses == (), 15)
                 await fleet.push("rl/judge", ROUTE)
                 assert fleet.view("rl/judge").addresses == ("127.0.0.1",)
+        finally:
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+
+
+async def test_a_terminating_activator_stands_in_for_no_pool_but_is_still_followed_and_told_the_routes() -> None:
+    with run_activator() as act:
+        kube = FakeKube(act)
+        woken: list[str | None] = []
+        fleet = ActivatorFleet(kube, "genrm-system", "activator", CONTROL_TOKEN, woken.append)  # type: ignore[arg-type]
+        running = asyncio.ensure_future(fleet.run())
+        try:
+            await until(lambda: None in woken)
+            await fleet.push("rl/judge", ROUTE)
+            sent: list[httpx.Response] = []
+            thread = threading.Thread(target=lambda: sent.append(httpx.post(
+                f"{act.url}/generate", json={"text": "x"}, headers={"host": HOST}, timeout=10)))
+            thread.start()
+            await until(lambda: fleet.held("rl/judge") == 1)
+            kube.slice["endpoints"] = [{"addresses": ["127.0.0.1"],
+                                        "conditions": {"ready": False, "serving": True, "terminating": True}}]
+            woken.clear()
+            await until(lambda: None in woken and fleet.view("rl/judge").addresses == ())
+            assert fleet.held("rl/judge") == 1, "what it holds still counts (and wakes the pool)"
+            await fleet.push("rl/judge", None)
+            thread.join(10)
+            assert sent and sent[0].status_code == 503, "the route change reached it"
         finally:
             running.cancel()
             await asyncio.gather(running, return_exceptions=True)

@@ -1,8 +1,10 @@
 """The activators (`genrm_contract.activator`): where they are, what they hold, what they were told.
 
-One fleet per operator, shared by every pool's reconciler. Where: the ready endpoints of the
-activator's Service, read every :data:`REFRESH_SECONDS` (the operator needs them only for pools
-that may go to zero, so a list call every few seconds beats a cluster-wide watch). What they hold:
+One fleet per operator, shared by every pool's reconciler. Where: the endpoints of the activator's
+Service, read every :data:`REFRESH_SECONDS` (the operator needs them only for pools that may go to
+zero, so a list call every few seconds beats a cluster-wide watch). Only ready ones stand in for a
+pool; terminating ones are still followed and told the routes, because a stopping activator keeps
+what it holds until a replica serves (`genrm_gateway.activator`), and only a route tells it one does. What they hold:
 one long poll per activator, as for the gateways, waking the reconciler of every pool whose held
 count changed, so a request at zero wakes its pool at once. What they were told: each pool's route,
 pushed with an idempotent ``PUT`` when it changed or the activator restarted (a new boot id).
@@ -42,6 +44,8 @@ class _Activator:
     pushed: dict[str, PoolRoute | None] = field(default_factory=dict)
     """The route each pool was last given, under the boot id it was given to."""
     boot_id: str | None = None
+    ready: bool = True
+    """False once it terminates: followed and told the routes still, but no pool's stand-in."""
 
 
 class ActivatorFleet:
@@ -61,7 +65,8 @@ class ActivatorFleet:
     def view(self, key: str) -> ActivatorView:
         """The ready activators that have the pool ``key``'s route, and their traffic port: only those
         may stand in for the pool's replicas (another would answer its clients ``404 unknownPool``)."""
-        known = sorted(a.address for a in self._activators.values() if key in a.pushed and a.pushed[key] is not None)
+        known = sorted(a.address for a in self._activators.values()
+                       if a.ready and key in a.pushed and a.pushed[key] is not None)
         return ActivatorView(tuple(known), self._traffic_port)
 
     def held(self, key: str) -> int:
@@ -94,22 +99,28 @@ class ActivatorFleet:
 
     async def _refresh(self) -> None:
         slices = await self.kube.endpoint_slices(self.namespace, self.service)
-        addresses: set[str] = set()
+        listed: dict[str, bool] = {}  # address -> ready (False: terminating)
         traffic = control = 0
         for piece in slices:
             ports = {p.get("name"): p.get("port") for p in piece.get("ports") or []}
             traffic, control = ports.get(TRAFFIC_PORT_NAME) or traffic, ports.get(CONTROL_PORT_NAME) or control
-            addresses |= {a for e in piece.get("endpoints") or [] if (e.get("conditions") or {}).get("ready")
-                          for a in e.get("addresses") or []}
+            for endpoint in piece.get("endpoints") or []:
+                conditions = endpoint.get("conditions") or {}
+                if conditions.get("ready") or conditions.get("terminating"):
+                    listed |= dict.fromkeys(endpoint.get("addresses") or [], bool(conditions.get("ready")))
         self._traffic_port = traffic
-        wanted = {f"http://{a}:{control}": a for a in addresses} if traffic and control else {}
+        wanted = {f"http://{a}:{control}": a for a in listed} if traffic and control else {}
         for gone in set(self._activators) - set(wanted):
             if (task := self._activators.pop(gone).task) is not None:
                 task.cancel()
             self._wake(None)  # the pools it stood in for drop it from their slices
-        for url in set(wanted) - set(self._activators):
-            activator = self._activators[url] = _Activator(wanted[url], url)
-            activator.task = asyncio.ensure_future(self._follow(activator))
+        for url, address in wanted.items():
+            if (known := self._activators.get(url)) is None:
+                activator = self._activators[url] = _Activator(address, url, ready=listed[address])
+                activator.task = asyncio.ensure_future(self._follow(activator))
+            elif known.ready != listed[address]:
+                known.ready = listed[address]
+                self._wake(None)  # stopping (or ready again): the pools' slices follow
 
     async def _follow(self, activator: _Activator) -> None:
         """Long-poll one activator's state; wake the pools whose held count changed."""
