@@ -77,19 +77,19 @@ def test_a_victim_stays_until_the_survivor_is_a_ready_endpoint_of_the_service() 
     assert op is not None and op.victims[0].held_at is None and "kept" not in op.message
 
 
-def test_a_soft_drained_victim_is_undrained_then_published_again() -> None:
+def test_a_soft_drained_victim_is_undrained_and_published_again_at_once() -> None:
     pods = [serving_pod("judge-0", ready=False), serving_pod("judge-1", published=False, ready=False)]
     sidecars = {"judge-0": serving_sidecar(), "judge-1": serving_sidecar(state="SoftDrain")}
     plan = step(pods, sidecars, status=scale_in([unpublished()], phase="Unpublishing"))
-    assert Undrain("judge-1", drain_id("uid-judge-1")) in plan.actions
+    # The label goes on beside the undrain: the Service lists it once its readiness probe passes.
+    assert plan.actions == (Undrain("judge-1", drain_id("uid-judge-1")), SetPublished("judge-1", "uid-judge-1", True))
     assert reasons([plan]) == ["VictimRescued"]
     victim = plan.status.operation.victims[0]  # type: ignore[union-attr]
     assert victim.unpublished_at is None and victim.held_at is not None
 
-    serving_again = [serving_pod("judge-0", ready=False), serving_pod("judge-1", published=False)]
-    republished = step(serving_again, status=plan.status)
-    assert SetPublished("judge-1", "uid-judge-1", True) in republished.actions
-    assert reasons([republished]) == []
+    held = [serving_pod("judge-0", ready=False), serving_pod("judge-1")]
+    again = step(held, status=plan.status)
+    assert again.actions == () and reasons([again]) == []
 
 
 def test_a_fenced_victim_is_undrained_but_a_drained_one_is_deleted() -> None:
@@ -152,11 +152,10 @@ def test_a_survivor_going_not_ready_after_the_unpublish_gets_the_victim_back_in_
     [survivor] = [p for p in world.pods.values() if p.published]
     survivor_index = sorted(world.pods, key=lambda n: world.pods[n].ordinal).index(survivor.name)
     world.plans.clear()
-    undrained = world.step([Ev("sick", survivor_index, 3)])
-    assert names(undrained, Undrain) == [victim.name]
-    assert reasons([undrained]) == ["VictimRescued"]
-    republished = world.step()
-    assert SetPublished(victim.name, victim.uid, True) in republished.actions
+    rescued = world.step([Ev("sick", survivor_index, 3)])
+    assert names(rescued, Undrain) == [victim.name]
+    assert SetPublished(victim.name, victim.uid, True) in rescued.actions
+    assert reasons([rescued]) == ["VictimRescued"]
     assert world.in_service_now() == {victim.name}
     run_until(world, world.converged)
     assert world.status.history[-1].type == "ScaleIn" and world.status.history[-1].outcome == "Succeeded"

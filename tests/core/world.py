@@ -515,7 +515,7 @@ class World:
                 if pod is None or pod.uid != uid:
                     return
                 if published:
-                    self.check_publish(pod, obs)
+                    self.check_publish(pod, obs, plan)
                     pod.ever_published = True
                 elif pod.published:
                     self.check_rollout_floor(pod, plan)
@@ -614,12 +614,18 @@ class World:
             raise Violation(f"{pod.name} was published and is deleted while its sidecar is "
                             f"{pod.sidecar.state}, not Drained")
 
-    def check_publish(self, pod: SimPod, obs: Observed) -> None:
-        """Published only when the core saw it ready and warm, and its verification passed."""
+    def check_publish(self, pod: SimPod, obs: Observed, plan: Plan) -> None:
+        """Published only when the core saw it ready and warm, and its verification passed; a victim
+        put back into the Service (`scale_in.keep`) as soon as the core saw its engine warm and its
+        sidecar not Drained: it served before, and the Service routes to it only once Ready."""
         seen = next((p for p in obs.pods if p.name == pod.name and p.uid == pod.uid), None)
         sidecar = obs.sidecars.get(pod.name)
-        if seen is None or not seen.ready or sidecar is None or not sidecar.engine_healthy \
-                or sidecar.state != DrainState.SERVING:
+        op = plan.status.operation
+        held = op is not None and any(v.name == pod.name and v.held_at is not None for v in op.victims)
+        put_back = held and seen is not None and seen.ever_published and sidecar is not None \
+            and sidecar.engine_healthy and sidecar.state != DrainState.DRAINED
+        if not put_back and (seen is None or not seen.ready or sidecar is None or not sidecar.engine_healthy
+                             or sidecar.state != DrainState.SERVING):
             raise Violation(f"{pod.name} published without being seen ready and warm ({seen}, {sidecar})")
         if self.spec.verification.enabled and (seen.verification != "passed" or pod.verification != "passed"):
             raise Violation(f"{pod.name} published with verification {pod.verification!r}")
@@ -672,7 +678,8 @@ class World:
     def check_rescue(self, plan: Plan, disturbed: bool, fault: bool) -> None:
         """While a scale-in or rollout means to leave replicas serving, the Service is never left with
         no published Ready replica while a healthy replica that served before is kept out of it for
-        more than one undisturbed step: the step that undrains it publishes it in the next (steps
+        more than one undisturbed step (the core undrains and republishes it in one step; a replica
+        that never served is verified first, one step more) (steps
         whose actions were lost or refused, or whose core saw a stale list or spec or an unreachable
         sidecar, are not counted). A replica failing or going NotReady in the step (``fault``) starts
         the count again: the core may have been putting back the very replica that just failed."""

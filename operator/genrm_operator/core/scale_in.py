@@ -113,9 +113,10 @@ def keep(s: Step, v: Victim, r: Replica) -> Victim:
              "is a ready endpoint")
     pod = r.pod
     undrain(s, r)
-    if not pod.published and r.sidecar is not None and r.sidecar.state == DrainState.SERVING and pod.ready:
-        # Published again as any replica is (`scale_out.publish_or_verify`'s rule: Ready, its sidecar
-        # Serving; it passed verification when it was first published).
+    if not pod.published:
+        # Published again at once, beside its undrain, not once Ready as a new replica is: it passed
+        # verification when it first served, and the Service sends it clients only once its
+        # readiness probe passes again, with no round trip of the operator's after that.
         s.actions.append(SetPublished(pod.name, pod.uid, True))
     return v.evolve(held_at=v.held_at or stamp(s.now), unpublished_at=None, fenced_at=None)
 
