@@ -91,8 +91,9 @@ def rescuable(s: Step, v: Victim) -> bool:
 def victim_progress(s: Step, v: Victim) -> int:
     """How far a victim is on its way out: published 0, unpublished 1, soft-drained 2, fenced 3."""
     r = s.by_name[v.name]
-    state = r.sidecar.state if r.sidecar is not None else None
-    return 0 if r.pod.published else {DrainState.SOFT_DRAIN: 2, DrainState.FENCED: 3}.get(state, 1)  # type: ignore[arg-type]
+    if r.pod.published or r.sidecar is None:
+        return 0 if r.pod.published else 1
+    return {DrainState.SOFT_DRAIN: 2, DrainState.FENCED: 3}.get(r.sidecar.state, 1)
 
 
 def undrain(s: Step, r: Replica) -> None:
