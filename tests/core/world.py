@@ -13,8 +13,11 @@ against *ground truth* rather than against the core's own view:
   soft drain before it soft-drains for ``drain.propagationSeconds`` first) and an in-flight
   request count; fenced and drained sidecars refuse new requests, a fenced sidecar becomes
   Drained once in-flight has been 0 for ``drain.quietSeconds`` (its pod's, as the gateway's flags);
-- engine warm-up after scheduling (slow starts possible), a GPU capacity limit (pods
-  beyond it stay Pending with the scheduler's Unschedulable message);
+- engine warm-up after scheduling (slow starts possible), engines going unhealthy for a while
+  without a restart (NotReady), a GPU capacity limit (pods beyond it stay Pending with the
+  scheduler's Unschedulable message);
+- the pool Service's EndpointSlices: the published Ready pods, one step behind the labels and the
+  probes (`Observed.endpoints`);
 - optionally nodes labelled with GPU products (``nodes``): the scheduler spreads a pod over the
   nodes its required product allows (none: Unschedulable), and a replica answers as its GPU
   product computes (replicas on two products differ, as SGLang's deterministic kernels do);
@@ -33,6 +36,10 @@ against *ground truth* rather than against the core's own view:
   before this step's edits, and its write meets a Conflict when they changed it), index lag
   (stale pod list for one step), unreachable
   sidecars, and an administrator deleting pods by hand.
+
+A scale-in (or a rollout that means to leave replicas serving) never unpublishes a healthy victim
+while no other replica is a ready endpoint, and puts a healthy replica that served back at once
+when none serves any more (`check_last_out`, `check_rescue`).
 
 Besides the safety checks, an operation that ends Partial or Failed never blames a pod that was
 deleted, by the core or by hand, while nothing was wrong with it (`check_blame`).
