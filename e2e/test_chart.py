@@ -141,6 +141,7 @@ def without(role: dict[str, Any], group: str, resource: str, verb: str) -> dict[
 @pytest.mark.parametrize("group, resource, verb", [
     ("", "pods", "create"),
     ("genrm.io", "genrmpools/status", "update"),
+    ("discovery.k8s.io", "endpointslices", "list"),
 ])
 def test_a_removed_permission_breaks_the_reconcile(cluster: Cluster, chart_operator: OperatorProcess,
                                                     namespace: str, release: str, group: str, resource: str,

@@ -295,10 +295,13 @@ class PodRunner:
             "readinessProbe", "livenessProbe"]
         for kind in order:
             state = c.probes.get(kind)
-            if state is None or not state.due(now):
+            if state is None:
                 continue
-            ok = run_probe(state.probe, self.netns.ip, c.spec, functools.partial(self._exec, c))
-            state.record(ok, time.monotonic())
+            if state.due(now):
+                state.launch(functools.partial(run_probe, state.probe, self.netns.ip, c.spec,
+                                               functools.partial(self._exec, c)), now, self._wake.set)
+            if state.finished() is None:
+                continue
             if state.failed and kind != "readinessProbe" and c.proc is not None:
                 log.info("pod %s container %s: %s failed, restarting", self.key, c.name, kind)
                 procutil.stop_group(c.proc, grace_seconds=self._grace())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.client
 import socket
 import subprocess
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -56,7 +57,13 @@ def run_probe(probe: dict[str, Any], pod_ip: str, container: dict[str, Any], run
 
 
 class ProbeState:
-    """Schedules one probe of one container run and tracks its result with the thresholds."""
+    """Schedules one probe of one container run and tracks its result with the thresholds.
+
+    Like the kubelet's probe worker (one goroutine per probe, on a ticker of ``periodSeconds``), each
+    attempt runs on a thread of its own (`launch`), so an answer that takes up to ``timeoutSeconds``
+    holds up neither the pod's other probes nor the noticing of a container that exited, and attempts
+    start a period apart, start to start; an attempt that outlasts the period is followed by the next
+    one as soon as it ends (the ticker's dropped ticks), never by two at once."""
 
     def __init__(self, probe: dict[str, Any], started_at: float, initial: bool) -> None:
         self.probe = probe
@@ -67,6 +74,9 @@ class ProbeState:
         self.result = initial
         self._successes = 0
         self._failures = 0
+        self._attempt: threading.Event | None = None
+        """Set when the running attempt has ended (None: no attempt running)."""
+        self._outcome = False
 
     @property
     def failed(self) -> bool:
@@ -74,11 +84,32 @@ class ProbeState:
         return self._failures >= self.failure_threshold
 
     def due(self, now: float) -> bool:
-        return now >= self.next_at
+        return self._attempt is None and now >= self.next_at
 
-    def record(self, ok: bool, now: float) -> bool:
-        """Feed one attempt's outcome; return the (possibly changed) thresholded result."""
+    def launch(self, attempt: Callable[[], bool], now: float, done: Callable[[], None]) -> None:
+        """Start one attempt on its own thread, which calls ``done`` when it ends (the pod's loop then
+        takes the outcome in through `finished` at once, not at its next tick)."""
         self.next_at = now + self.period
+        ended = self._attempt = threading.Event()
+
+        def run() -> None:
+            try:
+                self._outcome = attempt()
+            finally:
+                ended.set()
+                done()
+        self._outcome = False
+        threading.Thread(target=run, name="probe", daemon=True).start()
+
+    def finished(self) -> bool | None:
+        """The thresholded result once the running attempt has ended and been recorded, else None."""
+        if self._attempt is None or not self._attempt.is_set():
+            return None
+        self._attempt = None
+        return self.record(self._outcome)
+
+    def record(self, ok: bool) -> bool:
+        """Feed one attempt's outcome; return the (possibly changed) thresholded result."""
         if ok:
             self._successes, self._failures = self._successes + 1, 0
             if self._successes >= self.success_threshold:

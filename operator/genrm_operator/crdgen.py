@@ -36,7 +36,7 @@ PRINTER_COLUMNS = [
     {"name": "Current", "type": "integer", "jsonPath": ".status.replicas", "description": "Replica pods"},
     {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas", "description": "Ready replicas"},
     {"name": "Serving", "type": "integer", "jsonPath": ".status.servingReplicas",
-     "description": "Replicas published for routing"},
+     "description": "Replicas published and ready endpoints of the Service"},
     {"name": "Up-to-date", "type": "integer", "jsonPath": ".status.updatedReplicas",
      "description": "Replicas made from the current pod template"},
     {"name": "Operation", "type": "string", "jsonPath": ".status.operation.type",

@@ -13,8 +13,11 @@ against *ground truth* rather than against the core's own view:
   soft drain before it soft-drains for ``drain.propagationSeconds`` first) and an in-flight
   request count; fenced and drained sidecars refuse new requests, a fenced sidecar becomes
   Drained once in-flight has been 0 for ``drain.quietSeconds`` (its pod's, as the gateway's flags);
-- engine warm-up after scheduling (slow starts possible), a GPU capacity limit (pods
-  beyond it stay Pending with the scheduler's Unschedulable message);
+- engine warm-up after scheduling (slow starts possible), engines going unhealthy for a while
+  without a restart (NotReady), a GPU capacity limit (pods beyond it stay Pending with the
+  scheduler's Unschedulable message);
+- the pool Service's EndpointSlices: the published Ready pods, one step behind the labels and the
+  probes (`Observed.endpoints`);
 - optionally nodes labelled with GPU products (``nodes``): the scheduler spreads a pod over the
   nodes its required product allows (none: Unschedulable), and a replica answers as its GPU
   product computes (replicas on two products differ, as SGLang's deterministic kernels do);
@@ -33,6 +36,10 @@ against *ground truth* rather than against the core's own view:
   before this step's edits, and its write meets a Conflict when they changed it), index lag
   (stale pod list for one step), unreachable
   sidecars, and an administrator deleting pods by hand.
+
+A scale-in (or a rollout that means to leave replicas serving) never unpublishes a healthy victim
+while no other replica is a ready endpoint, and puts a healthy replica that served back at once
+when none serves any more (`check_last_out`, `check_rescue`).
 
 Besides the safety checks, an operation that ends Partial or Failed never blames a pod that was
 deleted, by the core or by hand, while nothing was wrong with it (`check_blame`).
@@ -119,6 +126,10 @@ class SimPod:
     """When its containers could first be created (0: at scheduling)."""
     restarts: int = 0
     slow: bool = False
+    sick: bool = False
+    """Its engine reports unhealthy (hung or overloaded, not restarted): the gateway's readiness
+    fails, as it does for a dead engine, with no restart to count; until ``sick_until``."""
+    sick_until: float = 0.0
     rewarm_at: float = 0.0
     perturbed: bool = False
     revision: str = ""
@@ -132,7 +143,7 @@ class SimPod:
     @property
     def warm(self) -> bool:
         """The engine answers (the sidecar's engine health check passes)."""
-        return self.phase == "Running" and self.warm_at is not None and not self.deleting
+        return self.phase == "Running" and self.warm_at is not None and not self.deleting and not self.sick
 
     @property
     def answer(self) -> str:
@@ -178,7 +189,8 @@ class Ev:
     actions that go beside it happen, those that wait for it do not), stale (this step decides on
     the spec before this step's edits; its write is refused when they changed it), lag (this step
     sees last step's pod list),
-    unreachable (pod a's sidecar does not answer this step), admin_delete (pod a), none.
+    unreachable (pod a's sidecar does not answer this step), admin_delete (pod a), sick (pod a's engine
+    is unhealthy for 4 b seconds, then recovers: NotReady without a restart), none.
     """
 
     kind: str
@@ -220,10 +232,18 @@ class World:
     keep_plans: bool = False
     lagged: bool = False
     """This step's core saw last step's pod list."""
+    stale: bool = False
+    """This step's core saw the spec as it was before this step's edits."""
     chosen_before: set[str] = field(default_factory=set)
     """Victims of the operation before this step (a repeated unpublish is no new choice)."""
     unwritten_since: float | None = None
     """Since when the status has had counts the shell did not write (`report_waits`)."""
+    endpoints: frozenset[str] = frozenset()
+    """The pods the pool Service's EndpointSlices list as ready endpoints: the published Ready pods as
+    the EndpointSlice controller last saw them, one step behind the labels and probes."""
+    emptied_steps: int = 0
+    """Undisturbed steps in a row that ended with no replica serving while a healthy one that served
+    before was kept out of the Service (`check_rescue`)."""
 
     # ----- disturbances ------------------------------------------------------------------------
 
@@ -298,6 +318,8 @@ class World:
                 self.finish(pod, max(ev.b, 1))
             case "crash" if pod is not None:
                 self.crash(pod)
+            case "sick" if pod is not None:
+                pod.sick, pod.sick_until = True, max(pod.sick_until, self.now + 4 * max(ev.b, 1))
             case "fail" if pod is not None:
                 self.fail(pod)
             case "slow":
@@ -391,10 +413,16 @@ class World:
             if self.now >= max(max(pod.scheduled_at, pod.started_at) + delay, pod.rewarm_at):
                 pod.warm_at = self.now
         for pod in self.pods.values():
+            pod.sick = pod.sick and self.now < pod.sick_until
             sc = pod.sidecar
             if sc.inflight == 0 and sc.idle_since is None:
                 sc.idle_since = self.now
             sc.machine = sc.machine.at(self.now, sc.idle_since)
+        self.endpoints = self.in_service_now()
+
+    def in_service_now(self) -> frozenset[str]:
+        """The pods a client reaches through the Service's selector: published and Ready, not deleted."""
+        return frozenset(p.name for p in self.pods.values() if p.published and p.ready and not p.deleting)
 
     # ----- observation -------------------------------------------------------------------------
 
@@ -415,13 +443,15 @@ class World:
         seen, generation = spec or (self.spec, self.generation)
         return Observed(name=POOL, generation=generation, spec=seen, status=self.status,
                         pods=pods, sidecars=sidecars, now=self.now,
-                        gpu_products={n: product for n, product in self.nodes.items() if product})
+                        gpu_products={n: product for n, product in self.nodes.items() if product},
+                        endpoints=self.endpoints)
 
     # ----- one step ----------------------------------------------------------------------------
 
     def step(self, events: Iterable[Ev] = (), dt: float = 1.0) -> Plan:
         """Disturbances, time passing, one reconcile, status write, actions; checks throughout."""
         self.step_no += 1
+        events = list(events)
         flags: dict[str, object] = {}
         extra = 0.0
         before_edits = (self.spec, self.generation)
@@ -430,6 +460,7 @@ class World:
         self.now += dt + extra
         self.progress()
         self.lagged = bool(flags.get("lag"))
+        self.stale = bool(flags.get("stale"))
         stale = before_edits if flags.get("stale") else None
         obs = self.observe(self.lagged, flags.get("unreachable", set()), stale)  # type: ignore[arg-type]
         plan = reconcile(obs)
@@ -456,6 +487,8 @@ class World:
             for action in delivery.sent(not unwritten):
                 self.carry_out(action, obs, plan)
         self.check_after(before, surge)
+        self.check_rescue(plan, any(flags.get(f) for f in ("lose", "unwritten", "stale", "lag", "unreachable")),
+                          any(ev.kind in ("crash", "sick", "fail", "admin_delete") for ev in events))
         return plan
 
     def live_count(self) -> int:
@@ -489,10 +522,11 @@ class World:
                 if pod is None or pod.uid != uid:
                     return
                 if published:
-                    self.check_publish(pod, obs)
+                    self.check_publish(pod, obs, plan)
                     pod.ever_published = True
                 elif pod.published:
                     self.check_rollout_floor(pod, plan)
+                    self.check_last_out(pod, plan)
                 pod.published = published
             case Verify(name=name, uid=uid, reference=reference, context=context):
                 self.verify(name, uid, reference, context)
@@ -533,6 +567,9 @@ class World:
             # is a decision).
             raise Violation(f"pod name {name} reused after its pod was seen and deleted")
         self.names_ever.add(name)
+        # A create retried after its pod was deleted by hand before the core listed it: the new pod's
+        # own failures are its to blame.
+        self.deleted_healthy.discard(name)
         self.uid_counter += 1
         drain = self.spec.drain  # the gateway's --quiet-seconds and --propagation-seconds
         sidecar = SimSidecar(DrainMachine(quiet_seconds=float(drain.quiet_seconds),
@@ -584,12 +621,18 @@ class World:
             raise Violation(f"{pod.name} was published and is deleted while its sidecar is "
                             f"{pod.sidecar.state}, not Drained")
 
-    def check_publish(self, pod: SimPod, obs: Observed) -> None:
-        """Published only when the core saw it ready and warm, and its verification passed."""
+    def check_publish(self, pod: SimPod, obs: Observed, plan: Plan) -> None:
+        """Published only when the core saw it ready and warm, and its verification passed; a victim
+        put back into the Service (`scale_in.keep`) as soon as the core saw its engine warm and its
+        sidecar not Drained: it served before, and the Service routes to it only once Ready."""
         seen = next((p for p in obs.pods if p.name == pod.name and p.uid == pod.uid), None)
         sidecar = obs.sidecars.get(pod.name)
-        if seen is None or not seen.ready or sidecar is None or not sidecar.engine_healthy \
-                or sidecar.state != DrainState.SERVING:
+        op = plan.status.operation
+        held = op is not None and any(v.name == pod.name and v.held_at is not None for v in op.victims)
+        put_back = held and seen is not None and seen.ever_published and sidecar is not None \
+            and sidecar.engine_healthy and sidecar.state != DrainState.DRAINED
+        if not put_back and (seen is None or not seen.ready or sidecar is None or not sidecar.engine_healthy
+                             or sidecar.state != DrainState.SERVING):
             raise Violation(f"{pod.name} published without being seen ready and warm ({seen}, {sidecar})")
         if self.spec.verification.enabled and (seen.verification != "passed" or pod.verification != "passed"):
             raise Violation(f"{pod.name} published with verification {pod.verification!r}")
@@ -613,6 +656,57 @@ class World:
         if len(others) < floor:
             raise Violation(f"rollout unpublished {pod.name} leaving {len(others)} serving < {floor} "
                             f"(replicas {self.spec.replicas} - maxUnavailable)")
+
+    def holds_a_survivor(self, plan: Plan) -> bool:
+        """Whether the plan's operation means to leave replicas serving: a scale-in to one or more, or
+        a rollout whose maxUnavailable does not allow the whole pool to be unavailable."""
+        op, spec = plan.status.operation, self.spec
+        if op is None or op.type == "ScaleOut":
+            return False
+        return spec.replicas > (spec.update_strategy.rolling_update.max_unavailable if op.type == "Rollout" else 0)
+
+    def check_last_out(self, pod: SimPod, plan: Plan) -> None:
+        """A healthy victim leaves the Service only while a replica outside the victims is a ready
+        endpoint of it (as the step saw the EndpointSlices) and still serves: otherwise its unpublish
+        would leave the Service empty while it could serve. Not judged in a step whose core saw a
+        stale pod list."""
+        op = plan.status.operation
+        if op is None or not self.holds_a_survivor(plan) or self.lagged or self.stale or not pod.ready:
+            return
+        victims = {v.name for v in op.victims}
+        if pod.name not in victims:
+            return
+        others = [n for n in self.endpoints if n not in victims and n in self.pods
+                  and self.pods[n].published and self.pods[n].ready]
+        if not others:
+            raise Violation(f"{op.id} {op.type} unpublished healthy victim {pod.name} while no other replica "
+                            f"served (ready endpoints {sorted(self.endpoints)})")
+
+    def check_rescue(self, plan: Plan, disturbed: bool, fault: bool) -> None:
+        """While a scale-in or rollout means to leave replicas serving, the Service is never left with
+        no published Ready replica while a healthy replica that served before is kept out of it for
+        more than one undisturbed step (the core undrains and republishes it in one step; a replica
+        that never served is verified first, one step more) (steps
+        whose actions were lost or refused, or whose core saw a stale list or spec or an unreachable
+        sidecar, are not counted). A replica failing or going NotReady in the step (``fault``) starts
+        the count again: the core may have been putting back the very replica that just failed."""
+        if not self.holds_a_survivor(plan) or self.in_service_now():
+            self.emptied_steps = 0
+            return
+        kept_out = [p.name for p in self.pods.values()
+                    if p.ever_published and p.warm and p.restarts == 0 and p.reachable
+                    and p.sidecar.state != DrainState.DRAINED]
+        if not kept_out:
+            self.emptied_steps = 0
+            return
+        if fault:
+            self.emptied_steps = 1
+        elif not disturbed:
+            self.emptied_steps += 1
+        if self.emptied_steps > 1:
+            op = plan.status.operation
+            raise Violation(f"no replica serves for {self.emptied_steps} steps while {kept_out} could "
+                            f"({op and (op.type, op.phase, op.message)})")
 
     def check_status(self, plan: Plan) -> None:
         status = plan.status
@@ -678,6 +772,7 @@ class World:
             self.edit(paused=False)  # the user resumes the rollout
         for pod in list(self.pods.values()):
             pod.sidecar.inflight = 0
+            pod.sick = False
             if pod.perturbed and pod.ever_published:
                 self.admin_delete(pod)
 

@@ -105,6 +105,23 @@ def serving_pod(ordinal: int) -> dict[str, Any]:
     }
 
 
+def service_slices(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The EndpointSlice controller's slice of the pool's Service, as the operator's index holds it: the
+    published pods, ready when their Ready condition is."""
+    published = [p for p in pods if p["metadata"]["labels"].get("genrm.io/published") == "true"]
+    return [{
+        "kind": "EndpointSlice", "addressType": "IPv4",
+        "metadata": {"name": f"{POOL}-x7k2p", "labels": {
+            "genrm.io/pool": POOL, "kubernetes.io/service-name": POOL,
+            "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
+        "ports": [{"name": "http", "port": 8000, "protocol": "TCP"}],
+        "endpoints": [{"addresses": [p["status"]["podIP"]], "targetRef": {"kind": "Pod", "name": p["metadata"]["name"]},
+                       "conditions": {"ready": any(c["type"] == "Ready" and c["status"] == "True"
+                                                   for c in p["status"].get("conditions") or [])}}
+                      for p in published],
+    }]
+
+
 def pool(replicas: int, mode: str = "Auto", **scaling: Any) -> dict[str, Any]:
     autoscaling = {"mode": mode, "minReplicas": 1, "maxReplicas": 6, "intervalSeconds": 5,
                    "metrics": [{"type": "InFlight", "target": {"averageValue": "2"}}], **scaling}
@@ -124,7 +141,8 @@ class Harness:
         http = httpx.AsyncClient(transport=httpx.MockTransport(
             lambda request: httpx.Response(200, text=exposition(self.inflight))))
         self.reconciler = PoolReconciler(self.kube, FakeSidecars(), self.post, NS, POOL,  # type: ignore[arg-type]
-                                         lambda: copy.deepcopy(self.kube.pods), list,
+                                         lambda: copy.deepcopy(self.kube.pods),
+                                         lambda: service_slices(self.kube.pods),
                                          lambda: copy.deepcopy(self.kube.pool))
         self.reconciler.autoscaler = PoolAutoscaler(self.kube, NS, POOL, http)  # type: ignore[arg-type]
 

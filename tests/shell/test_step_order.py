@@ -31,7 +31,7 @@ from genrm_operator.shell.kube import Conflict
 from genrm_operator.shell.reconciler import PoolReconciler
 from genrm_operator.shell.sidecarwatch import SidecarWatch
 
-from .test_autoscaler_shell import NS, POOL, FakeKube, FakeSidecars, pool, serving_pod
+from .test_autoscaler_shell import NS, POOL, FakeKube, FakeSidecars, pool, service_slices, serving_pod
 
 
 class RecordingKube(FakeKube):
@@ -62,7 +62,8 @@ def frozen_reconciler(kube: FakeKube) -> PoolReconciler:
 
     async def post(_: Any, __: Event) -> None: ...
     reconciler = PoolReconciler(kube, FakeSidecars(), post, NS, POOL,  # type: ignore[arg-type]
-                                lambda: copy.deepcopy(kube.pods), list, lambda: copy.deepcopy(first))
+                                lambda: copy.deepcopy(kube.pods), lambda: service_slices(kube.pods),
+                                lambda: copy.deepcopy(first))
     reconciler.watch = SidecarWatch(FakeSidecars(), lambda: None)  # type: ignore[arg-type]
     return reconciler
 

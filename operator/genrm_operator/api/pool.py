@@ -90,7 +90,7 @@ class GenRMPoolStatus(ApiModel):
     ready_replicas: int = Field(0, ge=0)
     """Replica pods whose gateway reports ready."""
     serving_replicas: int = Field(0, ge=0)
-    """Replicas published for routing."""
+    """Replicas published for routing, Ready, and listed as ready endpoints by the Service's EndpointSlices."""
     draining_replicas: int = Field(0, ge=0)
     """Replicas unpublished and draining or drained."""
     updated_replicas: int = Field(0, ge=0)

@@ -171,6 +171,10 @@ class EventReason(StrEnum):
     VICTIMS_SELECTED = "VictimsSelected"
     REPLICAS_RETIRING = "ReplicasRetiring"
     REPLICA_RESCUED = "ReplicaRescued"
+    VICTIM_KEPT_PUBLISHED = "VictimKeptPublished"
+    """A published victim stays in the Service: no other published replica is a ready endpoint."""
+    VICTIM_RESCUED = "VictimRescued"
+    """A victim already taken out of the Service is put back: no other replica could serve."""
     REPLICA_PUBLISHED = "ReplicaPublished"
     REPLICA_FAILED = "ReplicaFailed"
     REPLICA_MISPLACED = "ReplicaMisplaced"
@@ -253,6 +257,9 @@ class Victim(ApiModel):
     """When admission was closed (RFC 3339)."""
     drained_at: Timestamp | None = None
     """When the sidecar proved it drained (RFC 3339)."""
+    held_at: Timestamp | None = None
+    """When the victim was kept in, or put back into, the pool's Service because no other published
+    replica was a ready endpoint of it (RFC 3339); cleared once another one is."""
     forced: bool = False
     """Deleted after a drain timeout under onTimeout=Force."""
 

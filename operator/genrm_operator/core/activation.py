@@ -16,7 +16,7 @@ slices and the activator's addresses in.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from genrm_contract.activator import PoolRoute
 from genrm_contract.sidecar import TRAFFIC_PORT_NAME
@@ -33,20 +33,38 @@ MAX_HELD = 1024
 """Requests one activator holds for one pool; more get ``503 holdQueueFull``."""
 
 
+def controller_slices(pool: str, objects: Iterable[Manifest]) -> Iterator[Manifest]:
+    """The EndpointSlices the EndpointSlice controller keeps for the pool's Service (not the activator's)."""
+    for obj in objects:
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        if obj.get("kind") == "EndpointSlice" and labels.get(MANAGED_BY_LABEL) == CONTROLLER \
+                and labels.get(SERVICE_NAME_LABEL) == service_name(pool):
+            yield obj
+
+
+def ready_endpoints(slice_: Manifest) -> Iterator[Manifest]:
+    """The endpoints of one slice that are ready: those kube-proxy sends new connections to."""
+    return (e for e in slice_.get("endpoints") or [] if (e.get("conditions") or {}).get("ready"))
+
+
 def serving_addresses(pool: str, objects: Iterable[Manifest]) -> tuple[str, ...]:
     """``ip:port`` of every ready endpoint the EndpointSlice controller lists for the pool's Service:
     what kube-proxy sends the pool's clients to, and so where held requests go."""
     found: list[str] = []
-    for obj in objects:
-        labels = (obj.get("metadata") or {}).get("labels") or {}
-        if obj.get("kind") != "EndpointSlice" or labels.get(MANAGED_BY_LABEL) != CONTROLLER \
-                or labels.get(SERVICE_NAME_LABEL) != service_name(pool) or obj.get("addressType", "IPv4") != "IPv4":
-            continue
+    for obj in controller_slices(pool, objects):
         port = next((p.get("port") for p in obj.get("ports") or [] if p.get("name") == TRAFFIC_PORT_NAME), None)
-        for endpoint in obj.get("endpoints") or []:
-            if port and (endpoint.get("conditions") or {}).get("ready"):
-                found.extend(f"{a}:{port}" for a in endpoint.get("addresses") or [])
+        if obj.get("addressType", "IPv4") != "IPv4" or not port:
+            continue
+        for endpoint in ready_endpoints(obj):
+            found.extend(f"{a}:{port}" for a in endpoint.get("addresses") or [])
     return tuple(sorted(found))
+
+
+def ready_pods(pool: str, objects: Iterable[Manifest]) -> frozenset[str]:
+    """The pods the pool's Service lists as ready endpoints (`Observed.endpoints`): a published replica
+    serves its clients only from then on, whatever its labels and conditions say before."""
+    return frozenset(ref["name"] for obj in controller_slices(pool, objects) for endpoint in ready_endpoints(obj)
+                     if (ref := endpoint.get("targetRef") or {}).get("kind") == "Pod" and ref.get("name"))
 
 
 def wants_activator(obs: Observed, serving: tuple[str, ...]) -> bool:

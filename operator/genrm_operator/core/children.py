@@ -161,6 +161,18 @@ def pod_manifest(pool: str, pool_uid: str, namespace: str, spec: GenRMPoolSpec, 
     return pod
 
 
+READINESS = {"periodSeconds": 1, "failureThreshold": 1, "successThreshold": 1, "timeoutSeconds": 3}
+"""The gateway's readiness probe timings (docs/gateway.md#readiness).
+
+The gateway answers its readiness from what it already knows (the drain state and its engine
+monitor's last verdict), so a failing answer is a verdict, given at once: a dead or unhealthy
+engine, or a drain. One such answer takes the replica out of the Service (``failureThreshold: 1``);
+a threshold of N would keep a replica with a dead engine in it for N - 1 more periods. What a busy
+node delays is the answer itself, and the kubelet counts an answer later than ``timeoutSeconds`` as
+a failure: so the timeout, not the threshold, is what lets a slow answer through. Planned removals
+never wait for the probe: they unpublish first."""
+
+
 def _replica_pod(pool: str, pool_uid: str, namespace: str, spec: GenRMPoolSpec, name: str, ordinal: int) -> Manifest:
     engine, gateway, template = spec.engine, spec.gateway, spec.template
     labels = {**template.labels, **common_labels(pool), ORDINAL_LABEL: str(ordinal), PUBLISHED_LABEL: "false"}
@@ -194,8 +206,7 @@ def _replica_pod(pool: str, pool_uid: str, namespace: str, spec: GenRMPoolSpec, 
                   {"name": sidecar.CONTROL_PORT_NAME, "containerPort": gateway.control_port, "protocol": "TCP"}],
         "resources": dict(gateway.resources),
         "readinessProbe": {
-            "httpGet": {"path": sidecar.READY_PATH, "port": sidecar.CONTROL_PORT_NAME},
-            "periodSeconds": 1, "failureThreshold": 1, "successThreshold": 1, "timeoutSeconds": 1,
+            "httpGet": {"path": sidecar.READY_PATH, "port": sidecar.CONTROL_PORT_NAME}, **READINESS,
         },
         "livenessProbe": {
             "httpGet": {"path": sidecar.LIVE_PATH, "port": sidecar.CONTROL_PORT_NAME},

@@ -115,6 +115,10 @@ class Observed:
     children: ObservedChildren | None = None
     """The pool's Secret, Service and PodDisruptionBudget as watched; None: the step plans no
     children (the core tests' world has none)."""
+    endpoints: frozenset[str] | None = None
+    """The pods the pool Service's EndpointSlices list as ready endpoints (by their ``targetRef``), which
+    is what kube-proxy and every client follow (`activation.ready_pods`); None: not watched, and a
+    published Ready pod counts as one."""
 
 
 @dataclass(frozen=True)

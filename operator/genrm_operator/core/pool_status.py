@@ -20,7 +20,7 @@ from .childrenplan import CHILD_FAILED
 from .classify import Role
 from .conditions import set_condition
 from .names import selector
-from .step import WARNING_OUTCOMES, Step, counts, failure_detail, failure_text, role, victim_names
+from .step import WARNING_OUTCOMES, Step, counts, failure_detail, failure_text, in_service, role, victim_names
 
 PROGRESSING_REASONS = {OperationType.SCALE_OUT: ConditionReason.SCALING_OUT,
                        OperationType.SCALE_IN: ConditionReason.SCALING_IN,
@@ -38,8 +38,9 @@ def next_status(s: Step, op: Operation | None, scaling: Scaling) -> GenRMPoolSta
     held = back_off(s.history)
     if held is not None and (held.until <= s.now or serving + starting >= s.desired):
         held = None  # creates may go, or none is needed: nothing is held back
+    reachable = sum(1 for r in s.replicas if in_service(s, r))
     conds = [
-        available(s, serving),
+        available(s, reachable),
         progressing(s, op, serving, starting, draining, held),
         degraded(s, serving, draining + drained + victims_left, held),
     ]
@@ -55,7 +56,7 @@ def next_status(s: Step, op: Operation | None, scaling: Scaling) -> GenRMPoolSta
         observed_generation=s.obs.generation,
         replicas=len(live),
         ready_replicas=sum(1 for r in live if r.pod.ready),
-        serving_replicas=sum(1 for r in role(s, Role.SERVING)),
+        serving_replicas=reachable,
         draining_replicas=draining + drained + victims_left,
         selector=selector(s.obs.name),
         next_ordinal=s.next_ordinal,

@@ -5,9 +5,21 @@ from __future__ import annotations
 
 from ..api.status import ConditionReason, EventReason, Operation, OperationPhase, Victim
 from .classify import Replica, Role
-from .scale_in import advance_victims
+from .scale_in import advance_victims, held_note
 from .scale_out import create, may_create, noted_failures, publish_or_verify, retry_creates
-from .step import VICTIM_PHASES, Step, counts, emit, finish, gpu_holders, pending_creates, role, set_phase, victim_names
+from .step import (
+    VICTIM_PHASES,
+    Step,
+    counts,
+    emit,
+    finish,
+    gpu_holders,
+    in_service,
+    pending_creates,
+    role,
+    set_phase,
+    victim_names,
+)
 from .victims import choose_victims
 
 
@@ -34,7 +46,9 @@ def advance_rollout(s: Step, op: Operation) -> Operation | None:
     if op.revision != s.revision:
         emit(s, EventReason.ROLLOUT_RETARGETED, f"{op.id} continues to revision {s.revision}")
         op = op.evolve(revision=s.revision)
-    moved, phases, failure = advance_victims(s, op.victims)
+    # Unless the user lets the whole pool be unavailable, an outdated replica leaves the Service only
+    # while another one serves (`advance_victims`).
+    moved, phases, failure = advance_victims(s, op.victims, hold=strategy.max_unavailable < s.desired)
     kept = [v for v, p in zip(moved, phases, strict=True) if p is not None]
     victim_phases = [p for p in phases if p is not None]
     op = op.evolve(victims=kept, replaced=op.replaced + len(moved) - len(kept))
@@ -79,10 +93,12 @@ def advance_rollout(s: Step, op: Operation) -> Operation | None:
 def finish_or_phase_rollout(s: Step, op: Operation, old: list[Replica], waiting: list[Replica], verifying: bool,
                             surge_blocked: bool, victim_phases: list[OperationPhase]) -> Operation | None:
     """Succeeded once no outdated replica is left; Partial on a failed replacement; else the phase."""
-    serving, _, _ = counts(s, op)
+    victims = victim_names(op)
+    serving = sum(1 for r in s.replicas if r.pod.name not in victims and in_service(s, r))
     failure, failed = noted_failures(op)
     pending = pending_creates(s, op)
-    progress = f"{op.replaced} replaced, {len(old) + len(op.victims)} outdated left, {serving}/{op.to} serving"
+    progress = f"{op.replaced} replaced, {len(old) + len(op.victims)} outdated left, {serving}/{op.to} serving" \
+        + held_note(op.victims)
     if not old and not op.victims and serving >= op.to and not pending:
         finish(s, op, OperationPhase.SUCCEEDED, ConditionReason.TARGET_REACHED,
                f"{op.replaced} replica(s) replaced; every replica is on revision {s.revision}")

@@ -12,7 +12,19 @@ from .backoff import back_off
 from .classify import Replica, Role
 from .model import CreatePod, SetPublished, Undrain, Verify
 from .names import drain_id, pod_name
-from .step import Step, counts, emit, failure_text, finish, gpu_holders, pending_creates, role, set_phase, victim_names
+from .step import (
+    Step,
+    counts,
+    emit,
+    failure_text,
+    finish,
+    gpu_holders,
+    in_service,
+    pending_creates,
+    role,
+    set_phase,
+    victim_names,
+)
 
 
 def awaits_publication(r: Replica) -> bool:
@@ -45,8 +57,10 @@ def advance_scale_out(s: Step, op: Operation) -> Operation | None:
     failure, failed = noted_failures(op)
     waiting = role(s, Role.STARTING)
     pending = pending_creates(s, op)
-    if serving >= op.to:
-        finish(s, op, OperationPhase.SUCCEEDED, ConditionReason.TARGET_REACHED, f"{serving} serving replicas")
+    victims = victim_names(op)
+    reachable = sum(1 for r in s.replicas if r.pod.name not in victims and in_service(s, r))
+    if reachable >= op.to:
+        finish(s, op, OperationPhase.SUCCEEDED, ConditionReason.TARGET_REACHED, f"{reachable} serving replicas")
         return None
     if failure and not pending:
         # Not while a replacement's create is unobserved: once this operation is gone nothing
@@ -61,9 +75,14 @@ def advance_scale_out(s: Step, op: Operation) -> Operation | None:
     if not waiting and not rescuing and not pending and shortfall > 0 and not releasing:
         finish(s, op, OperationPhase.PARTIAL, ConditionReason.BACK_OFF, "waiting before creating replacement replicas")
         return None
-    phase = OperationPhase.VERIFYING if verifying and not pending else OperationPhase.PROVISIONING
+    # Published but not yet a ready endpoint of the Service: still on its way to serving, and past
+    # verification.
+    phase = OperationPhase.VERIFYING if (verifying or serving > reachable) and not pending \
+        else OperationPhase.PROVISIONING
     waiting_for = f"; {releasing} more once leaving pods release their GPUs" if releasing else ""
-    return set_phase(s, op, phase, f"{serving}/{op.to} serving{waiting_for}")
+    unlisted = f"; {serving - reachable} published, not yet ready endpoints of the Service" \
+        if serving > reachable else ""
+    return set_phase(s, op, phase, f"{reachable}/{op.to} serving{unlisted}{waiting_for}")
 
 
 def may_create(s: Step, op: Operation) -> bool:

@@ -147,6 +147,15 @@ def counts(s: Step, op: Operation | None) -> tuple[int, int, int]:
     return n(Role.SERVING), n(Role.STARTING) + len(pending_creates(s, op)), n(Role.DRAINING)
 
 
+def in_service(s: Step, r: Replica) -> bool:
+    """Whether ``r`` serves as its clients see it: published, Ready, and a ready endpoint of the pool's
+    Service (when the shell watches its EndpointSlices: `Observed.endpoints`). kube-proxy and every
+    client follow the EndpointSlices, so a replica counts as serving (the status, an operation's
+    outcome, the victim a scale-in keeps) only once they list it."""
+    endpoints = s.obs.endpoints
+    return r.role is Role.SERVING and r.pod.ready and (endpoints is None or r.pod.name in endpoints)
+
+
 def gpu_holders(s: Step, op: Operation | None) -> int:
     """Pods counted by the pod-count bound (`core.reconcile`'s docstring), unobserved creates included."""
     return len(s.replicas) - len(role(s, Role.FAILED)) + len(pending_creates(s, op))

@@ -27,11 +27,12 @@ from .sidecar import SidecarClient
 
 log = logging.getLogger(__name__)
 RECONCILERS: dict[tuple[str, str], PoolReconciler] = {}
-CHILD_RESOURCES = [("", "v1", "pods"), ("", "v1", "services"), ("", "v1", "secrets"),
-                   ("policy", "v1", "poddisruptionbudgets")]
-"""(group, version, plural) of the children the operator watches."""
-NODES = ("", "v1", "nodes")
 ENDPOINT_SLICES = ("discovery.k8s.io", "v1", "endpointslices")
+CHILD_RESOURCES = [("", "v1", "pods"), ("", "v1", "services"), ("", "v1", "secrets"),
+                   ("policy", "v1", "poddisruptionbudgets"), ENDPOINT_SLICES]
+"""(group, version, plural) of the children the operator watches. The EndpointSlice controller copies a
+Service's labels onto its slices, so the pool label selects the pools' slices too."""
+NODES = ("", "v1", "nodes")
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,6 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.activators = None
     memo.activator_task = None
     if ACTIVATOR:
-        settings.watching.label_selectors[ENDPOINT_SLICES] = POOL_LABEL
         config = ACTIVATOR[0]
         memo.activators = ActivatorFleet(memo.kube, config.namespace, config.service, config.token, _wake_pool)
         memo.activator_task = asyncio.ensure_future(memo.activators.run())
@@ -149,19 +149,17 @@ def watch_gpu_products() -> None:
 
 
 def use_activator(namespace: str, service: str, token: str) -> None:
-    """Serve pools at zero through the activator behind ``namespace/service`` (`activators`).
-
-    Not a decorator, like `watch_gpu_products`: only then are EndpointSlices watched (the pools'
-    own, for the activator's slice and the controller's ready endpoints), which needs RBAC on them."""
+    """Serve pools at zero through the activator behind ``namespace/service`` (`activators`): the
+    operator then also writes an EndpointSlice of its own into a pool's Service, which needs RBAC to
+    create, patch and delete them."""
     ACTIVATOR.append(ActivatorConfig(namespace, service, token))
-    kopf.index(*ENDPOINT_SLICES, labels={POOL_LABEL: kopf.PRESENT})(slices_by_pool)
-    kopf.on.event(*ENDPOINT_SLICES, labels={POOL_LABEL: kopf.PRESENT})(child_changed)
 
 
+@kopf.index(*ENDPOINT_SLICES, labels={POOL_LABEL: kopf.PRESENT})
 async def slices_by_pool(namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
                          **_: Any) -> dict[tuple[str, str], Manifest]:
-    """The EndpointSlices of each pool's Service: the controller's (labels copied from the Service) and
-    the activator's."""
+    """The EndpointSlices of each pool's Service: the controller's (labels copied from the Service), whose
+    ready endpoints are the replicas that serve (`Observed.endpoints`), and the activator's."""
     return _child_entry("EndpointSlice", namespace, labels, body, "addressType", "endpoints", "ports")
 
 
@@ -204,8 +202,8 @@ async def reconcile_pool(name: str, namespace: str | None, memo: kopf.Memo, stop
         return list(index.get((ns, name), []))
 
     def children() -> list[Manifest]:
-        slices = indexed("slices_by_pool") if "slices_by_pool" in kwargs else []
-        return [*indexed("secrets_by_pool"), *indexed("services_by_pool"), *indexed("pdbs_by_pool"), *slices]
+        return [*indexed("secrets_by_pool"), *indexed("services_by_pool"), *indexed("pdbs_by_pool"),
+                *indexed("slices_by_pool")]
 
     def products(nodes: Iterable[str]) -> dict[str, str]:
         index = cast(kopf.Index[str, str] | None, kwargs.get("gpu_products"))  # None: --no-gpu-placement
@@ -241,6 +239,7 @@ async def pool_changed(name: str, namespace: str | None, body: kopf.Body, **_: A
 @kopf.on.event("", "v1", "services", labels={POOL_LABEL: kopf.PRESENT})
 @kopf.on.event("", "v1", "secrets", labels={POOL_LABEL: kopf.PRESENT})
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels={POOL_LABEL: kopf.PRESENT})
+@kopf.on.event(*ENDPOINT_SLICES, labels={POOL_LABEL: kopf.PRESENT})
 async def child_changed(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
     """Wake the owning pool's reconciler when one of its pods or other children changes or goes."""
     if (reconciler := RECONCILERS.get((namespace or "default", labels[POOL_LABEL]))) is not None:

@@ -237,7 +237,7 @@ class PoolReconciler:
             name=self.name, generation=int(meta.get("generation", 0)), spec=spec, status=status,
             pods=views, sidecars=sidecars, now=time.time(), child_errors=child_errors, demand_annotation=annotation,
             gpu_products=self.observer.products({v.node for v in views if v.node}), children=children, held=held,
-            relayed_hints=relayed,
+            relayed_hints=relayed, endpoints=activation.ready_pods(self.name, children.slices),
         )
         # A hint not seen before, or a request held at zero, makes the decision due now: the load is
         # on its way, or already here.
