@@ -11,8 +11,11 @@ on its control port, tells each one its peers (``POST`` :data:`PEERS_PATH`, a
 What the gateway does with them (``genrm_gateway.proxy``): forward within its own admission (the
 request stays in its in-flight count), mark the answer (:data:`FORWARDED_TO_HEADER`), never send
 a request twice unless the peer certainly did not take it (its connection was refused, or it
-answered one of :data:`PASS_OVER` before any engine work), and never forward a forwarded request
-again (:data:`LOOP_HEADER`). Standard library and pydantic only, like the rest of the contract.
+answered one of :data:`PASS_OVER` before any engine work), never forward a forwarded request
+again (:data:`LOOP_HEADER`), never forward a verification probe (it must be this replica's own
+answer), use its peers only while the operator is in touch (:data:`PEERS_VALID_SECONDS`), and pass
+on a peer's answer only when the peer proved itself one of the pool's gateways
+(:data:`PROOF_HEADER`). Standard library and pydantic only, like the rest of the contract.
 """
 
 from __future__ import annotations
@@ -23,9 +26,9 @@ import hmac
 import ipaddress
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from genrm_contract.sidecar import RefusalReason
+from genrm_contract.sidecar import MAX_WAIT_SECONDS, RefusalReason
 
 PEERS_PATH = "/v1/peers"
 """``POST`` on the control port, with the pool's control token: replace the gateway's peers."""
@@ -38,13 +41,35 @@ PEER_CONNECT_SECONDS = 0.5
 """A peer that does not accept the connection this long is passed over (one hop away, a connection
 takes far less; a vanished pod's address may never answer at all)."""
 
+PEERS_VALID_SECONDS = 2 * MAX_WAIT_SECONDS
+"""How long a gateway uses its peers after the operator's last authenticated control call (a state
+poll, a drain, a peers push, a probe). Why they expire: the list is only as current as the operator
+who sent it; with the operator away, a listed peer may be deleted and its IP given to another pod,
+which would then get the pool's prompts. The operator keeps a state poll open to every gateway, one
+at a time, each asking to wait at most ``MAX_WAIT_SECONDS``: twice that is never reached while the
+operator is in touch, and soon after it is not. Expired peers are as none: a request that finds
+the engine down is refused at once with the retryable 503."""
+MAX_VERSION = 2**63 - 1
+"""The highest :class:`PeersDocument` version (a signed 64-bit integer, for any client)."""
+
 FORWARDED_TO_HEADER = "x-genrm-forwarded-to"
 """On an answer the gateway got from a peer: the peer's address (clients and tests count forwards
 by it). Only the gateway sets it; a copy from anywhere upstream is dropped."""
 LOOP_HEADER = "x-genrm-forwarded"
-"""On a request one gateway forwards to another: the pool's :func:`forward_tag`. A gateway that
-receives a request with it never forwards that request again (with its engine down it refuses at
-once, so the sender offers it to the next peer). A client's copy, without the tag, means nothing."""
+"""On a request one gateway forwards to another: the pool's :func:`forward_tag`. A gateway never
+forwards a request that carries this header, whatever its value, nor lets it wait for its engine
+(with its engine down it refuses at once, so the sender offers it to the next peer): two gateways
+holding different control tokens (a Secret rotated or re-created while the pods run) cannot tell
+each other's tags apart from a client's, and checking the tag would let a request go round between
+them for ever. A client that sends it only gives up its own forward. With the right tag, the
+header stands in for a key-protected pool's API key (the sending gateway checked its client's), so
+a forward never carries the key."""
+NONCE_HEADER = "x-genrm-forward-nonce"
+"""On a forwarded request: a fresh random value per forward, which the peer's answer must prove."""
+PROOF_HEADER = "x-genrm-forward-proof"
+"""On a peer gateway's answer to a forward with the pool's tag: :func:`forward_proof` of its nonce.
+Why: a peer list can be stale (an IP taken over by another pod); an answer without the proof comes
+from no gateway of the pool and never reaches the client (502)."""
 
 PASS_OVER = frozenset({RefusalReason.DRAINING, RefusalReason.ENGINE_UNAVAILABLE,
                        RefusalReason.TOO_MANY_CONNECTIONS})
@@ -63,6 +88,12 @@ class ForwardOutcome(enum.StrEnum):
     """The peer took it and broke before answering: never sent elsewhere (502, 504)."""
     EXHAUSTED = "exhausted"
     """No peer took it (connection refused or timed out, or a refusal in :data:`PASS_OVER`): 503."""
+    UNPROVEN = "unproven"
+    """A peer answered without the pool's :data:`PROOF_HEADER` (not a gateway of the pool, or one
+    holding another control token): its answer was dropped, the client got a 502."""
+    CLIENT_GONE = "clientGone"
+    """The client left before a peer's answer began: the forward was given up (and any peer's
+    connection closed, so it aborts its engine's work)."""
 
 
 def forward_tag(token: str) -> str:
@@ -72,12 +103,30 @@ def forward_tag(token: str) -> str:
     return hmac.new(token.encode(), b"genrm-forwarded", hashlib.sha256).hexdigest()[:32]
 
 
-def _address(value: str) -> str:
+def forward_proof(token: str, nonce: bytes) -> str:
+    """The :data:`PROOF_HEADER` value of a peer's answer to a forward with ``nonce``
+    (:data:`NONCE_HEADER`): only a holder of the pool's control token can compute it, and a fresh
+    nonce per forward keeps an old answer's proof from serving again."""
+    return hmac.new(token.encode(), b"genrm-forward-proof\0" + nonce, hashlib.sha256).hexdigest()[:32]
+
+
+LOOPBACK_PEERS = "loopbackPeers"
+"""The validation context key (``PeersDocument.model_validate(..., context={LOOPBACK_PEERS: True})``)
+that admits loopback peers: for tests, which run every replica on one host; never in a pod, where a
+loopback address is the pod itself."""
+
+
+def _address(value: str, info: ValidationInfo) -> str:
+    return _checked(value, loopback=bool(info.context and info.context.get(LOOPBACK_PEERS)))
+
+
+def _checked(value: str, loopback: bool) -> str:
     """``ip:port`` (``[v6]:port``) in canonical form, or a ValueError.
 
     Only an IP literal of a unicast host and a port: no names (nothing to resolve), no zone ids,
-    no leading zeros or other spellings, no unspecified, multicast, broadcast or reserved address,
-    so whoever holds the token cannot make a gateway dial anything odd."""
+    no leading zeros or other spellings, no unspecified, multicast, broadcast, reserved, link-local
+    or (unless ``loopback``) loopback address, so whoever holds the token cannot make a gateway
+    dial anything odd, nor itself."""
     host, sep, port = value.rpartition(":")
     if not sep or not port.isascii() or not port.isdigit() or len(port) > 5 or not 0 < int(port) < 65536 \
             or port != str(int(port)):
@@ -92,6 +141,8 @@ def _address(value: str) -> str:
         raise ValueError("a peer is written a.b.c.d:port or [v6]:port, in canonical form")
     if ip.is_unspecified or ip.is_multicast or ip.is_reserved or ip.is_link_local:  # 255.255.255.255 is reserved
         raise ValueError("a peer is a unicast host address")
+    if ip.is_loopback and not loopback:
+        raise ValueError("a peer is another pod's address, never a loopback one")
     return value
 
 
@@ -100,8 +151,10 @@ PeerAddress = Annotated[str, Field(min_length=3, max_length=47), AfterValidator(
 
 
 def peer_address(ip: str, port: int) -> str:
-    """How the operator writes a pod IP and port as a :data:`PeerAddress`."""
-    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+    """How the operator writes a pod IP and port as a :data:`PeerAddress`: canonical (``FD00:0::1``
+    is ``[fd00::1]``), so that one pod has one spelling; a ValueError when it is no valid peer."""
+    parsed = ipaddress.ip_address(ip)
+    return _checked(f"[{parsed}]:{port}" if parsed.version == 6 else f"{parsed}:{port}", loopback=False)
 
 
 class PeersDocument(BaseModel):
@@ -113,7 +166,7 @@ class PeersDocument(BaseModel):
 
     model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
 
-    version: int = Field(ge=0, le=2**63 - 1)
+    version: int = Field(ge=0, le=MAX_VERSION)
     peers: tuple[PeerAddress, ...] = Field((), max_length=MAX_PEERS)
     """In the order the gateway offers them (it starts each request at the next one)."""
 

@@ -101,6 +101,13 @@ class RefusalReason(enum.StrEnum):
     ENGINE_TIMEOUT = "engineTimeout"
     ENGINE_DOWN = "engineDown"
     ENGINE_UNHEALTHY = "engineUnhealthy"
+    # A peer replica, answering a request forwarded while this replica's engine is down.
+    PEER_FAILED = "peerFailed"
+    """The peer took the request and broke before answering it whole (502, 504 when it timed out,
+    or a cut stream): the peer's engine or gateway, not this replica's engine."""
+    PEER_UNPROVEN = "peerUnproven"
+    """The peer's answer did not prove it one of the pool's gateways (`genrm_contract.peers`): dropped,
+    502."""
     # Authentication (the traffic port's API key, the control port's token).
     UNAUTHENTICATED = "unauthenticated"
     INVALID_API_KEY = "invalidApiKey"

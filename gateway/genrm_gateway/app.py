@@ -28,7 +28,7 @@ from genrm_gateway.drain import DrainController
 from genrm_gateway.engine import EngineMonitor
 from genrm_gateway.errors import CLOSE_HEADER, Refusal, send_error
 from genrm_gateway.metrics import GatewayMetrics
-from genrm_gateway.peers import Peers
+from genrm_gateway.peers import LOOP, Peers, pool_token
 from genrm_gateway.proxy import Proxy
 from genrm_gateway.routes import BLOCKED_ENGINE_PATHS, PROXIED
 from genrm_gateway.upstream import EnginePool
@@ -50,7 +50,7 @@ class Gateway:
         self.drain = DrainController(self.admission, self.engine, config.quiet_seconds, config.propagation_seconds,
                                      self.connections.retire)
         self.metrics = GatewayMetrics(self.admission, self.drain, self.engine, self.connections)
-        self.peers = Peers(config.engine_api_key)
+        self.peers = Peers(config.peers_valid_seconds, config.loopback_peers)
         self._proxy = Proxy(self.admission, self.drain, self.engine, self.pool, self.metrics, config.limits,
                             self.peers)
         self.demand = DemandBoard()
@@ -84,7 +84,7 @@ class Gateway:
         path = scope["path"]
         route = PROXIED.get(path)
         refusal = None if self._auth is None else self._auth.refusal(scope)
-        if refusal is not None:
+        if refusal is not None and not (route is not None and _from_peer(scope)):
             self.metrics.refused(refusal.reason)
             if route is not None:
                 self.metrics.observe(route.name, refusal.code, 0.0)
@@ -110,10 +110,12 @@ class Gateway:
 
     async def _probe(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A judge route on the control port: the control token instead of a client's key, then
-        the same proxy as the traffic port (admission, request ids, limits, the engine's key).
+        the same proxy as the traffic port (admission, request ids, limits, the engine's key), but
+        never a peer: a verification must compare this replica's own answers.
         Its body is the proxy's to bound (a probe prompt may be 64 KiB), not the control API's."""
         try:
             authenticate(scope)
+            self.peers.contact()
             route = PROXIED.get(scope["path"][len(PROBE_PREFIX):])
             if route is None:
                 raise Refusal(404, RefusalReason.NOT_FOUND, "no such judge route")
@@ -121,7 +123,7 @@ class Gateway:
             self.metrics.refused(refusal.reason)
             await send_error(send, refusal.code, refusal.reason, str(refusal), (*refusal.headers, CLOSE_HEADER))
             return
-        await self._proxy.handle(route, scope, receive, send)
+        await self._proxy.handle(route, scope, receive, send, probe=True)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -153,3 +155,10 @@ class Gateway:
                 self.connections.retire(state)
             elif not self.engine.up:
                 self.connections.retire(DrainState.FENCED)
+
+
+def _from_peer(scope: Scope) -> bool:
+    """Whether a judge request comes from one of the pool's gateways (the pool's loop tag): on a
+    key-protected pool it stands in for the key, which a forward never carries (the sending gateway
+    checked its own client's). Looked at only when the key is missing or wrong."""
+    return any(name == LOOP and pool_token(value) is not None for name, value in scope["headers"])

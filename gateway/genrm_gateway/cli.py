@@ -79,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--engine-api-key-file", default=_env("GENRM_ENGINE_API_KEY_FILE", str, None),
                        help="the engine's API key (SGLang's --api-key), sent on every engine call and demanded "
                             "from judge clients on the traffic port")
+    serve.add_argument("--peers-valid-seconds", type=float,
+                       default=_env("GENRM_PEERS_VALID_SECONDS", float, DEFAULTS.peers_valid_seconds),
+                       help="how long the peers the operator named stay in use after its last control call "
+                            "(tests shorten it)")
+    serve.add_argument("--loopback-peers", action="store_true",
+                       help="testing only: accept loopback peer addresses (in a pod, loopback is the pod itself)")
     _add_limits(serve)
 
     key = commands.add_parser("engine-key", help=f"write a key-protected engine's --config file and the gateway's "
@@ -150,6 +156,8 @@ def serve(args: argparse.Namespace) -> None:
         propagation_seconds=args.propagation_seconds,
         engine_poll_seconds=args.engine_poll_seconds,
         engine_api_key=api_key,
+        peers_valid_seconds=args.peers_valid_seconds,
+        loopback_peers=args.loopback_peers,
     )
     gateway = Gateway(config)
     sockets = [_listen(config.host, config.port), _listen(config.host, config.control_port)]

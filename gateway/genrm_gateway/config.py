@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 
 from genrm_contract import limits as defaults
 from genrm_contract import sidecar
+from genrm_contract.peers import PEERS_VALID_SECONDS
 
 
 @dataclass(frozen=True)
@@ -93,3 +94,7 @@ class GatewayConfig:
     engine_poll_seconds: float = 1.0
     engine_api_key: str | None = field(default=None, repr=False)
     """SGLang's ``--api-key``: sent on every engine call and demanded from judge clients (``apikey``)."""
+    peers_valid_seconds: float = PEERS_VALID_SECONDS
+    """How long the peers stay in use after the operator's last control call (``peers``); tests shorten it."""
+    loopback_peers: bool = False
+    """Accept loopback peer addresses: for tests only, which run every replica on one host."""

@@ -39,6 +39,7 @@ from genrm_contract.sidecar import (
     UndrainRequest,
     Versions,
 )
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -88,10 +89,13 @@ class _Guard:
     length is over) and handed to the app.
     """
 
-    def __init__(self, app: ASGIApp, protected: frozenset[str], refused: Callable[[RefusalReason], None]) -> None:
+    def __init__(self, app: ASGIApp, protected: frozenset[str], refused: Callable[[RefusalReason], None],
+                 contact: Callable[[], None]) -> None:
         self._app = app
         self._protected = protected
         self._refused = refused
+        self._contact = contact
+        """Called on each authenticated call: the operator is in touch (``Peers.contact``)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -100,6 +104,7 @@ class _Guard:
         try:
             if scope["path"] in self._protected:
                 authenticate(scope)
+                self._contact()
             body = await bounded_body(scope, receive, MAX_CONTROL_BODY_BYTES, "control bodies")
         except Refusal as refusal:
             self._refused(refusal.reason)
@@ -207,9 +212,14 @@ def create_control_app(admission: Admission, drain: DrainController, engine: Eng
                           marked=connections.shed(request.shed_id, request.connections, request.reason)).wire()
 
     @app.post(PEERS_PATH, dependencies=authorized)
-    async def post_peers(document: PeersDocument) -> dict[str, object]:
+    async def post_peers(request: Request) -> dict[str, object]:
         """The pool's other serving replicas (`genrm_contract.peers`); answers the document held, which
-        is an older push's sender's cue that a newer one is already here."""
+        is an older push's sender's cue that a newer one is already here. Validated here rather than
+        by FastAPI: whether a loopback peer is admitted depends on the gateway (``Peers.context``)."""
+        try:
+            document = PeersDocument.model_validate_json(await request.body(), context=peers.context)
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors()) from None
         return peers.update(document).wire()
 
     @app.get(METRICS_PATH)
@@ -218,5 +228,5 @@ def create_control_app(admission: Admission, drain: DrainController, engine: Eng
 
     protected = frozenset(route.path for route in app.routes if isinstance(route, APIRoute)
                           and any(depends.dependency is require_token for depends in route.dependencies))
-    app.add_middleware(_Guard, protected=protected, refused=metrics.refused)
+    app.add_middleware(_Guard, protected=protected, refused=metrics.refused, contact=peers.contact)
     return app

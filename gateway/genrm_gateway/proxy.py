@@ -12,21 +12,33 @@ correlation value, validated and echoed in ``X-Request-Id``; so a client can nei
 header or a second request, nor collide with (or abort) another client's request on the engine.
 
 A request that finds the engine down (crashed, restarting) is not in flight anywhere yet: it goes
-to a peer replica (`peers`), still counted in this replica's in-flight, unless it was forwarded to
-this replica already; with no peer to take it, it is refused at once with a retryable 503. What a
+to a peer replica (`peers`), still counted in this replica's in-flight, unless it carries the loop
+header (forwarded here already) or is the operator's verification probe (which must be this
+replica's own answer); with no peer to take it, it is refused at once with a retryable 503. What a
 peer gets is again the gateway's own request: the route's path, the checked client headers, the
 client's validated JSON body (the peer mints its own ``rid``, and aborts it when this gateway
-closes the connection because its client left), and the pool's loop tag.
+closes the connection because its client left), the pool's loop tag and a fresh nonce, never the
+pool's API key; what the client gets back is the peer's answer only when it carries the proof of
+that nonce (`genrm_contract.peers.forward_proof`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import secrets
 import time
 
 from genrm_contract.drained import control_token
-from genrm_contract.peers import FORWARDED_TO_HEADER, LOOP_HEADER, PASS_OVER, ForwardOutcome, forward_tag
+from genrm_contract.peers import (
+    FORWARDED_TO_HEADER,
+    NONCE_HEADER,
+    PASS_OVER,
+    PROOF_HEADER,
+    ForwardOutcome,
+    forward_proof,
+    forward_tag,
+)
 from genrm_contract.sidecar import DRAINING_HEADER as DRAINING
 from genrm_contract.sidecar import DrainState, RefusalReason
 from starlette.types import Receive, Scope, Send
@@ -38,7 +50,7 @@ from genrm_gateway.drain import DrainController
 from genrm_gateway.engine import EngineMonitor
 from genrm_gateway.errors import CLOSE_HEADER, REASON_HEADER, Refusal, send_error
 from genrm_gateway.metrics import GatewayMetrics
-from genrm_gateway.peers import Peers
+from genrm_gateway.peers import LOOP, Peers, pool_token
 from genrm_gateway.routes import ProxiedRoute
 from genrm_gateway.upstream import (
     ClientGone,
@@ -53,7 +65,8 @@ from genrm_gateway.upstream import (
 REQUEST_ID_HEADER = b"x-request-id"
 DRAINING_HEADER = (DRAINING.encode(), b"1")
 FORWARDED_TO = FORWARDED_TO_HEADER.encode()
-LOOP = LOOP_HEADER.encode()
+NONCE = NONCE_HEADER.encode()
+PROOF = PROOF_HEADER.encode()
 # Each forward is a connection of its own: an answer that never came on it then certainly belongs
 # to that peer alone, and nothing is ever resent on a kept-alive connection that may have taken it.
 _ONE_REQUEST = (b"connection", b"close")
@@ -69,11 +82,12 @@ FORWARDED_HEADERS = frozenset({b"content-type", b"accept"})
 # request id, the drain and forward marks are this gateway's to set.
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade",
                          b"proxy-connection", b"content-length", b"trailer", b"date", b"server",
-                         REQUEST_ID_HEADER, DRAINING_HEADER[0], FORWARDED_TO})
+                         REQUEST_ID_HEADER, DRAINING_HEADER[0], FORWARDED_TO, PROOF})
 
 
 class _DisconnectWatcher:
-    """Fails the exchange with ClientGone when the client disconnects.
+    """Fails the exchange with ClientGone when the client disconnects, and remembers that it did
+    (``gone``): a forward moves on to new exchanges, which a client already gone must never start.
 
     Why deferred: a task per request awaiting ``receive()`` costs a measurable share of the
     proxying itself (figures: docs/performance.md#measurements-behind-the-code), and a request that
@@ -81,12 +95,13 @@ class _DisconnectWatcher:
     judge calls) get the watcher after that delay.
     """
 
-    __slots__ = ("_receive", "_task", "_timer", "exchange")
+    __slots__ = ("_receive", "_task", "_timer", "exchange", "gone")
 
     def __init__(self, receive: Receive, exchange: Exchange) -> None:
         self._receive = receive
         self.exchange = exchange
         """The exchange a disconnect ends: the engine's, or the current peer's."""
+        self.gone = False
         self._task: asyncio.Task[None] | None = None
         self._timer = asyncio.get_running_loop().call_later(_WATCH_AFTER_SECONDS, self._start)
 
@@ -96,7 +111,14 @@ class _DisconnectWatcher:
     async def _watch(self) -> None:
         while (await self._receive())["type"] != "http.disconnect":
             pass
+        self.gone = True
         self.exchange.fail(ClientGone())
+
+    def offer(self, exchange: Exchange) -> None:
+        """Make ``exchange`` the one a disconnect ends; ClientGone at once if the client already left."""
+        if self.gone:
+            raise ClientGone()
+        self.exchange = exchange
 
     def stop(self) -> None:
         self._timer.cancel()
@@ -120,7 +142,10 @@ class Proxy:
         self._limits = limits
         self._ids = RequestIds()
 
-    async def handle(self, route: ProxiedRoute, scope: Scope, receive: Receive, send: Send) -> None:
+    async def handle(self, route: ProxiedRoute, scope: Scope, receive: Receive, send: Send,
+                     probe: bool = False) -> None:
+        """Answer one request of ``route``; a ``probe`` (the operator's verification) is answered by
+        this replica's own engine or refused, never by a peer: its answer must be this replica's."""
         started = time.perf_counter()
         if scope["method"] != route.method:
             await self._refuse(send, route, Refusal(405, RefusalReason.METHOD_NOT_ALLOWED,
@@ -132,26 +157,29 @@ class Proxy:
                                                     (RETRY_AFTER,), close=True))
             return
         code = 500
+        proof: tuple[tuple[bytes, bytes], ...] = ()
         try:
-            code = await self._exchange(route, scope, receive, send)
+            forwarded, given, relayed, proof = self._forwarded(scope)
+            code = await self._exchange(route, scope, receive, send, forwarded, given, relayed, proof, probe)
         except Refusal as refusal:
             code = refusal.code
             self._metrics.refused(refusal.reason)
-            await send_error(send, refusal.code, refusal.reason, str(refusal), refusal.headers)
+            await send_error(send, refusal.code, refusal.reason, str(refusal), (*refusal.headers, *proof))
         finally:
             self._admission.release()
             self._metrics.observe(route.name, code, time.perf_counter() - started)
 
-    async def _to_peers(self, tagged: bool) -> bool:
+    async def _to_peers(self, relayed: bool, probe: bool) -> bool:
         """Where a request that finds the engine unreachable goes: True to the peers, False to the
         engine once it is back within ``engine_wait_seconds`` (none by default), else a retryable
         503 at once that closes the connection (the client's retry reaches another replica).
 
-        A request another gateway forwarded here (``tagged``) neither goes on nor waits: that
-        gateway offers it to its next peer at once."""
-        if not tagged and self._peers.known and control_token() is not None:
+        A request that carries the loop header (``relayed``: forwarded here, with this pool's tag or
+        not) neither goes on nor waits: its sender offers it to its next peer at once. A probe never
+        goes to a peer."""
+        if not relayed and not probe and self._peers.known and control_token() is not None:
             return True
-        wait = 0.0 if tagged else self._limits.engine_wait_seconds
+        wait = 0.0 if relayed else self._limits.engine_wait_seconds
         if wait > 0 and await self._engine.wait_up(wait):
             return False
         raise Refusal(503, RefusalReason.ENGINE_UNAVAILABLE, "the engine is not reachable; retry on another replica",
@@ -162,15 +190,17 @@ class Proxy:
         self._metrics.observe(route.name, refusal.code, 0.0)
         await send_error(send, refusal.code, refusal.reason, str(refusal), refusal.headers)
 
-    def _forwarded(self, scope: Scope) -> tuple[list[tuple[bytes, bytes]], bytes | None, bool]:
-        """The client headers the engine gets, the client's request id and whether a peer gateway
-        forwarded the request (it carries the pool's loop tag; a client's copy of the header,
-        without the tag, counts for nothing and goes nowhere); a declared body over the limit is
-        refused before it is read."""
+    def _forwarded(self, scope: Scope) -> tuple[list[tuple[bytes, bytes]], bytes | None, bool,
+                                                 tuple[tuple[bytes, bytes], ...]]:
+        """The client headers the engine gets, the client's request id, whether the request carries
+        the loop header (it is then never forwarded again), and the proof header its answers carry
+        when one of the pool's gateways forwarded it (the pool's tag, and a nonce to prove); a
+        declared body over the limit is refused before it is read."""
         forwarded: list[tuple[bytes, bytes]] = []
         given: bytes | None = None
         declared = 0
-        tagged = False
+        tag: bytes | None = None
+        nonce: bytes | None = None
         for name, value in scope["headers"]:
             if name in FORWARDED_HEADERS:
                 forwarded.append((name, value))
@@ -178,17 +208,22 @@ class Proxy:
                 given = correlation_id(value)
             elif name == b"content-length":
                 declared = int(value)  # llhttp accepted it: digits only, one header
-            elif name == LOOP and (token := control_token()) is not None:
-                tagged = hmac.compare_digest(value, forward_tag(token).encode())
+            elif name == LOOP:
+                tag = value
+            elif name == NONCE:
+                nonce = value
         if declared > self._limits.max_body_bytes:
             raise Refusal(413, RefusalReason.BODY_TOO_LARGE,
                           f"the body exceeds {self._limits.max_body_bytes} bytes", close=True)
-        return forwarded, given, tagged
+        token = None if tag is None or nonce is None else pool_token(tag)
+        proof = () if token is None or nonce is None else ((PROOF, forward_proof(token, nonce).encode()),)
+        return forwarded, given, tag is not None, proof
 
-    async def _exchange(self, route: ProxiedRoute, scope: Scope, receive: Receive, send: Send) -> int:
+    async def _exchange(self, route: ProxiedRoute, scope: Scope, receive: Receive, send: Send,
+                        forwarded: list[tuple[bytes, bytes]], given: bytes | None, relayed: bool,
+                        proof: tuple[tuple[bytes, bytes], ...], probe: bool) -> int:
         """Forward one admitted request; returns the status code for the metrics."""
-        forwarded, given, tagged = self._forwarded(scope)
-        to_peers = not self._engine.up and await self._to_peers(tagged)
+        to_peers = not self._engine.up and await self._to_peers(relayed, probe)
         abort_rid: str | None = None
         raw = b""
         if route.has_body:
@@ -210,7 +245,7 @@ class Proxy:
                     await self._pool.send(exchange, data)
                 except EngineUnavailable:  # nothing was sent: a peer, or the engine once it is back
                     self._engine.mark_down()
-                    to_peers = await self._to_peers(tagged)
+                    to_peers = await self._to_peers(relayed, probe)
                     if not to_peers:
                         exchange.rearm()
                         await self._pool.send(exchange, data)
@@ -218,26 +253,29 @@ class Proxy:
                 abort_rid = None  # the request never reached this engine; a peer aborts its own
                 peer = await self._forward(watcher, route, raw, [*forwarded, (REQUEST_ID_HEADER, request_id)])
                 exchange = watcher.exchange
-            await self._respond(exchange, scope, send, request_id, peer)
+            await self._respond(exchange, scope, send, request_id, peer, proof)
             return exchange.status
         except ClientGone:
             watcher.exchange.discard()
             await self._abort(abort_rid)
             return CLIENT_CLOSED
-        except EngineUnavailable as exc:
+        except EngineUnavailable as exc:  # this engine's only: a peer's is passed over (`_forward`)
             self._engine.mark_down()
             raise Refusal(503, exc.reason, f"{exc}; retry on another replica", (RETRY_AFTER,), close=True) from exc
         except EngineError as exc:
-            self._engine.recheck()
-            code = 502
-            if isinstance(exc, EngineTimeout):
-                code = 504
-                await self._abort(abort_rid)  # the engine may still be working on it
+            code = 504 if isinstance(exc, EngineTimeout) else 502
+            reason, message = exc.reason, str(exc)
+            if to_peers:  # the peer broke, not this replica's engine: nothing to recheck or abort here
+                reason, message = RefusalReason.PEER_FAILED, f"a peer replica: {exc}"
+            else:
+                self._engine.recheck()
+                if code == 504:
+                    await self._abort(abort_rid)  # the engine may still be working on it
             if watcher.exchange.answered:
                 # Headers already went out: cutting the stream is the only honest signal left.
-                self._metrics.refused(exc.reason)
+                self._metrics.refused(reason)
                 return code
-            raise Refusal(code, exc.reason, str(exc)) from exc
+            raise Refusal(code, reason, message) from exc
         finally:
             watcher.stop()
             watcher.exchange.discard()  # a response not read to its end leaves its connection unusable
@@ -249,25 +287,42 @@ class Proxy:
 
         A peer is passed over only when it certainly did not take the request: its connection
         failed, or it refused before any engine work (`PASS_OVER`). A peer that took it and broke
-        ends the request (``EngineError``): it may have been judged, so it is never sent twice."""
+        ends the request (``EngineError``): it may have been judged, so it is never sent twice.
+        An answer without the proof of its nonce comes from no gateway of the pool (a stale address
+        now another pod's): it is dropped and the client gets a 502. A client that left ends the
+        forward (ClientGone) before any further peer is offered the request."""
         token = control_token()
-        if token is not None:
-            headers = [*headers, (LOOP, forward_tag(token).encode()), _ONE_REQUEST]
-            for peer, client in self._peers.offers():
-                exchange = watcher.exchange = Exchange(self._limits)
-                try:
-                    await client.send(exchange, client.serialize(route.method, route.name, body, headers))
-                except EngineUnavailable:
-                    exchange.discard()
-                    continue
-                except EngineError:
-                    self._metrics.forwarded(ForwardOutcome.FAILED)
-                    raise
-                if exchange.status == 503 and _reason(exchange) in _PASS_OVER:
-                    exchange.discard()
-                    continue
-                self._metrics.forwarded(ForwardOutcome.SERVED)
-                return peer
+        try:
+            if token is not None:
+                headers = [*headers, (LOOP, forward_tag(token).encode()), _ONE_REQUEST]
+                for peer, client in self._peers.offers():
+                    exchange = Exchange(self._limits)
+                    watcher.offer(exchange)
+                    nonce = secrets.token_hex(16).encode()
+                    try:
+                        await client.send(exchange, client.serialize(route.method, route.name, body,
+                                                                     [*headers, (NONCE, nonce)]))
+                    except EngineUnavailable:
+                        exchange.discard()
+                        continue
+                    if exchange.status == 503 and _reason(exchange) in _PASS_OVER:
+                        exchange.discard()
+                        continue
+                    if not _proven(exchange, token, nonce):
+                        self._metrics.forwarded(ForwardOutcome.UNPROVEN)
+                        raise Refusal(502, RefusalReason.PEER_UNPROVEN,
+                                      f"the replica at {peer} did not prove it one of this pool's; its answer "
+                                      "was dropped")
+                    self._metrics.forwarded(ForwardOutcome.SERVED)
+                    return peer
+            if watcher.gone:
+                raise ClientGone()
+        except ClientGone:
+            self._metrics.forwarded(ForwardOutcome.CLIENT_GONE)
+            raise
+        except EngineError:
+            self._metrics.forwarded(ForwardOutcome.FAILED)
+            raise
         self._metrics.forwarded(ForwardOutcome.EXHAUSTED)
         raise Refusal(503, RefusalReason.ENGINE_UNAVAILABLE,
                       "the engine is not reachable and no other replica took the request; retry",
@@ -298,13 +353,20 @@ class Proxy:
                           close=True) from None
 
     async def _respond(self, exchange: Exchange, scope: Scope, send: Send, request_id: bytes,
-                       peer: str | None = None) -> None:
+                       peer: str | None, proof: tuple[tuple[bytes, bytes], ...]) -> None:
+        """The answer, from the engine or from ``peer``; ``proof`` proves it to the peer gateway that
+        forwarded the request here. A peer's answer closes the connection: the client's next request
+        then opens a new one, which the Service sends to a replica whose engine serves."""
         headers = [(name, value) for name, value in exchange.headers if name not in _HOP_BY_HOP]
         headers.append((REQUEST_ID_HEADER, request_id))
+        headers += proof
+        draining = self._drain.state is not DrainState.SERVING
         if peer is not None:
             headers.append((FORWARDED_TO, peer.encode()))
-        if self._drain.state is not DrainState.SERVING:
-            headers += (DRAINING_HEADER, CLOSE_HEADER)
+        if draining:
+            headers.append(DRAINING_HEADER)
+        if draining or peer is not None:
+            headers.append(CLOSE_HEADER)
         if exchange.streamed and scope["http_version"] == "1.0":
             body = await self._whole_stream(exchange)
             headers.append((b"content-length", str(len(body)).encode()))
@@ -360,3 +422,9 @@ class Proxy:
 def _reason(exchange: Exchange) -> bytes | None:
     """The ``x-genrm-reason`` of a peer's answer, if it has one."""
     return next((value for name, value in exchange.headers if name == REASON_HEADER), None)
+
+
+def _proven(exchange: Exchange, token: str, nonce: bytes) -> bool:
+    """Whether a peer's answer carries the proof of ``nonce`` under the pool's token."""
+    expected = forward_proof(token, nonce).encode()
+    return any(name == PROOF and hmac.compare_digest(value, expected) for name, value in exchange.headers)

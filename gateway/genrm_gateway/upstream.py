@@ -360,6 +360,9 @@ class EnginePool:
                     connection = await self._connect()
                 except EngineUnavailable:
                     raise lost from None
+        if exchange._error is not None:  # ended while connecting (its client left): send nothing
+            connection.close()
+            raise exchange._error
         connection.start(exchange, data)
         await exchange.wait_head()
 

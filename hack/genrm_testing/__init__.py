@@ -87,7 +87,7 @@ def run_sim(*args: str, env: dict[str, str] | None = None, ready_path: str | Non
 
 
 CONTROL_TOKEN = "test-token"
-"""The control token of every gateway ``run_gateway`` starts."""
+"""The control token of every gateway ``run_gateway`` starts, unless it is given another."""
 
 
 @dataclass(frozen=True)
@@ -108,15 +108,16 @@ class RunningGateway:
 
 
 @contextmanager
-def run_gateway(engine_url: str, *args: str, ready: bool = True) -> Iterator[RunningGateway]:
+def run_gateway(engine_url: str, *args: str, ready: bool = True, token: str = CONTROL_TOKEN,
+                ) -> Iterator[RunningGateway]:
     """A ``genrm-gateway serve`` process for ``engine_url`` on free loopback ports, with short drain
-    windows, a 0.1 s engine poll and ``CONTROL_TOKEN`` (``args`` may override all but the token),
+    windows, a 0.1 s engine poll and the control ``token`` (``args`` may override the rest),
     yielded once its readiness probe answers 200 (its liveness probe, when not ``ready``)."""
     port, control_port = free_port(), free_port()
     command = [sys.executable, "-m", "genrm_gateway", "serve", "--host", "127.0.0.1", "--port", str(port),
                "--control-port", str(control_port), "--engine-url", engine_url,
                "--quiet-seconds", "0.2", "--propagation-seconds", "0.2", "--engine-poll-seconds", "0.1", *args]
-    with launched(command, env=os.environ | {"GENRM_CONTROL_TOKEN": CONTROL_TOKEN}) as proc:
+    with launched(command, env=os.environ | {"GENRM_CONTROL_TOKEN": token}) as proc:
         gateway = RunningGateway(proc, port, control_port)
         wait_ready(f"{gateway.control}/healthz/{'ready' if ready else 'live'}")
         yield gateway

@@ -5,10 +5,14 @@ Aspects: a peer is published, Ready, not being deleted, Serving with a healthy e
 no replica is its own peer; every replica whose gateway reports is told, a draining victim too, and
 none that is being deleted, has no IP or never answered; addresses are the traffic port's, IPv6 in
 brackets; each list starts after the receiver's own address and holds at most ``MAX_PEERS``, so the
-receivers of a large pool are told different peers; every list is valid as a ``PeersDocument``.
+receivers of a large pool are told different peers; every list is valid as a ``PeersDocument``; a pod
+IP that is no valid peer address is left out, one spelled otherwise is canonical; a step's cost grows
+with the pool's size, not with its square.
 """
 
 from __future__ import annotations
+
+import time
 
 from genrm_contract.peers import MAX_PEERS, PeersDocument
 from genrm_contract.sidecar import DrainState
@@ -69,3 +73,26 @@ def test_large_pools_tell_each_replica_a_bounded_valid_list_that_starts_after_it
             assert peers[0] == min((a for a in (f"{ip}:8000" for ip in ips.values()) if a > f"{ips[name]}:8000"),
                                    default=min(f"{ip}:8000" for ip in ips.values()))
     assert len(firsts) == (size if size > 1 else 0)  # every replica is some other's first choice
+
+
+def test_pod_ips_are_canonical_and_invalid_ones_left_out() -> None:
+    pods = [serving_pod(name) for name in ("a", "b", "c")]
+    lists = peer_lists(observe(SPEC, pods), {"a": "FD00:0::a", "b": "127.0.0.1", "c": "10.0.0.3"})
+    assert lists == {"a": ("10.0.0.3:8000",), "c": ("[fd00::a]:8000",)}
+
+
+def test_a_step_costs_linear_time_in_the_pools_size() -> None:
+    def seconds(size: int) -> float:
+        pods = [serving_pod(f"p-{i}") for i in range(size)]
+        ips = {f"p-{i}": f"10.2.{i // 200}.{i % 200 + 1}" for i in range(size)}
+        observed = observe(make_spec(size), pods)
+        best = float("inf")
+        for _ in range(3):
+            started = time.perf_counter()
+            peer_lists(observed, ips)
+            best = min(best, time.perf_counter() - started)
+        return best
+
+    # Four times the replicas: about four times the work, where one list per replica built from all
+    # the others (quadratic) would be sixteen.
+    assert seconds(4000) < 8 * seconds(1000)

@@ -50,9 +50,11 @@ class Stack(Gateway):
 
 
 @contextmanager
-def gateway_process(engine_url: str, *gateway_args: str, wait_ready_probe: bool = True) -> Iterator[Gateway]:
-    """A gateway for ``engine_url`` with short drain windows, once its probe answers."""
-    with run_gateway(engine_url, *gateway_args, ready=wait_ready_probe) as running:
+def gateway_process(engine_url: str, *gateway_args: str, wait_ready_probe: bool = True,
+                    token: str = CONTROL_TOKEN) -> Iterator[Gateway]:
+    """A gateway for ``engine_url`` with short drain windows and the control ``token``, once its probe
+    answers."""
+    with run_gateway(engine_url, *gateway_args, ready=wait_ready_probe, token=token) as running:
         yield Gateway(running.process, running.port, running.control_port)
 
 
@@ -77,9 +79,9 @@ def sent_unread(port: int, data: bytes, seconds: float = 3.0) -> socket.socket:
 
 @contextmanager
 def gateway_stack(*gateway_args: str, sim_args: tuple[str, ...] = (), wait_ready_probe: bool = True,
-                  ) -> Iterator[Stack]:
+                  token: str = CONTROL_TOKEN) -> Iterator[Stack]:
     with run_sim("--random-seed", "3", *sim_args, ready_path=None) as sim, \
-            gateway_process(sim.url, *gateway_args, wait_ready_probe=wait_ready_probe) as gateway:
+            gateway_process(sim.url, *gateway_args, wait_ready_probe=wait_ready_probe, token=token) as gateway:
         yield Stack(gateway.process, gateway.port, gateway.control_port, sim)
 
 

@@ -2,12 +2,16 @@
 is down goes to a peer replica the operator named (`genrm_contract.peers`), or is refused at once.
 
 Real processes on loopback: gateways, each in front of its own simulator, told their peers over the
-control port as the operator tells them. An engine is killed (SIGKILL) as a crash would end it.
+control port as the operator tells them. An engine is killed (SIGKILL) as a crash would end it. The
+gateways run with ``--loopback-peers`` (their peers are on this host), but for the one that checks
+that a loopback peer is refused by default.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -16,12 +20,13 @@ import httpx
 import pytest
 from conftest import AUTH, Stack, gateway_stack
 from genrm_contract.peers import FORWARDED_TO_HEADER, LOOP_HEADER, MAX_PEERS
-from genrm_contract.sidecar import RefusalReason
+from genrm_contract.sidecar import PROBE_PREFIX, RefusalReason
 from genrm_testing import free_port, wait_ready
 
 pytestmark = pytest.mark.timeout(120)
 
 JUDGE = {"text": "Is 2+2=4?", "sampling_params": {"max_new_tokens": 4}}
+LOOPBACK = "--loopback-peers"
 
 
 def address(stack: Stack) -> str:
@@ -43,7 +48,7 @@ def forwarded(stack: Stack, outcome: str) -> float:
 
 def stacks(count: int) -> Iterator[list[Stack]]:
     with ExitStack() as stack:
-        yield [stack.enter_context(gateway_stack()) for _ in range(count)]
+        yield [stack.enter_context(gateway_stack(LOOPBACK)) for _ in range(count)]
 
 
 @pytest.fixture
@@ -58,7 +63,8 @@ def trio() -> Iterator[list[Stack]]:
 
 @pytest.fixture(scope="module")
 def told() -> Iterator[Stack]:
-    """A gateway only ever told hostile or unroutable peers (its engine is never stopped)."""
+    """A gateway only ever told hostile or unroutable peers (its engine is never stopped), without
+    ``--loopback-peers``."""
     with gateway_stack() as stack:
         yield stack
 
@@ -75,6 +81,7 @@ def test_requests_to_a_replica_whose_engine_crashed_are_answered_by_its_peer(pai
         assert answer.status_code == 200, answer.text
         assert answer.headers[FORWARDED_TO_HEADER] == address(peer)
         assert answer.headers["x-request-id"] == f"job-{i}"
+        assert answer.headers["connection"] == "close"  # the client's next connection goes to a serving replica
         assert answer.json()["meta_info"]["id"].startswith("gw")  # the peer gateway's own engine id
     assert models.status_code == 200 and models.headers[FORWARDED_TO_HEADER] == address(peer)
     assert forwarded(crashed, "served") == 11 and forwarded(crashed, "exhausted") == 0
@@ -97,7 +104,7 @@ def test_a_forwarded_stream_reaches_the_client_whole(pair: list[Stack]) -> None:
 
 
 def test_without_peers_a_crashed_engine_is_a_retryable_503_at_once() -> None:
-    with gateway_stack() as alone:
+    with gateway_stack(LOOPBACK) as alone:
         crash_engine(alone)
         for _ in range(3):
             started = time.monotonic()
@@ -149,21 +156,142 @@ def test_a_forwarded_request_is_never_forwarded_again(pair: list[Stack]) -> None
     assert second.metric('genrm_gateway_refused_total{reason="engineUnavailable"}') == 1
 
 
-def test_a_clients_loop_and_marker_headers_count_for_nothing(pair: list[Stack]) -> None:
+def test_a_clients_marker_header_counts_for_nothing_and_its_loop_header_forgoes_the_forward(
+        pair: list[Stack]) -> None:
     crashed, peer = pair
     tell_peers(crashed, address(peer))
     hostile = {LOOP_HEADER: "1", FORWARDED_TO_HEADER: "10.9.9.9:80"}
     served = httpx.post(f"{peer.url}/generate", json=JUDGE, headers=hostile, timeout=10)
     assert served.status_code == 200 and FORWARDED_TO_HEADER not in served.headers
     crash_engine(crashed)
-    # Without the pool's tag, the loop header does not stop the forward, and the mark is the gateway's.
-    answer = httpx.post(f"{crashed.url}/generate", json=JUDGE, headers=hostile, timeout=10)
-    assert answer.status_code == 200 and answer.headers[FORWARDED_TO_HEADER] == address(peer)
-    assert answer.headers.get_list(FORWARDED_TO_HEADER) == [address(peer)]
+    # The mark is the gateway's alone.
+    answer = httpx.post(f"{crashed.url}/generate", json=JUDGE, headers={FORWARDED_TO_HEADER: "10.9.9.9:80"},
+                        timeout=10)
+    assert answer.status_code == 200 and answer.headers.get_list(FORWARDED_TO_HEADER) == [address(peer)]
+    # Any loop header, tagged or not, means the request is never forwarded: only its sender loses.
+    refused = httpx.post(f"{crashed.url}/generate", json=JUDGE, headers=hostile, timeout=10)
+    assert refused.status_code == 503 and refused.headers["x-genrm-reason"] == RefusalReason.ENGINE_UNAVAILABLE
+    assert FORWARDED_TO_HEADER not in refused.headers
+
+
+def test_two_replicas_holding_different_tokens_never_pass_a_request_back_and_forth() -> None:
+    """A Secret rotated or re-created while the pods run: each gateway takes the other's tag for a
+    client's. Both engines down, each naming the other: one hop, then a 503, nothing left in flight."""
+    with gateway_stack(LOOPBACK, token="token-one") as first, gateway_stack(LOOPBACK, token="token-two") as second:
+        tokens = {first.control: "token-one", second.control: "token-two"}
+        for stack, other in ((first, second), (second, first)):
+            told = httpx.post(f"{stack.control}/v1/peers", headers={"authorization": f"Bearer {tokens[stack.control]}"},
+                              json={"version": 1, "peers": [address(other)]})
+            assert told.status_code == 200
+            crash_engine(stack)
+        for stack in (first, second):
+            wait_ready(f"{stack.control}/healthz/ready", status=503)
+        started = time.monotonic()
+        answer = httpx.post(f"{first.url}/generate", json=JUDGE, timeout=10)
+        assert time.monotonic() - started < 1.0
+        assert answer.status_code == 503 and answer.headers["x-genrm-reason"] == RefusalReason.ENGINE_UNAVAILABLE
+        assert forwarded(first, "exhausted") == 1
+        assert forwarded(second, "served") == forwarded(second, "exhausted") == 0  # it forwarded nothing
+        for stack in (first, second):
+            state = httpx.get(f"{stack.control}/v1/state", headers={"authorization": f"Bearer {tokens[stack.control]}"})
+            assert state.json()["inflight"] == 0 and state.json()["admittedTotal"] == 1
+
+
+def test_a_verification_probe_is_never_answered_by_a_peer(pair: list[Stack]) -> None:
+    crashed, peer = pair
+    tell_peers(crashed, address(peer))
+    crash_engine(crashed)
+    wait_ready(f"{crashed.control}/healthz/ready", status=503)
+    probe = {**JUDGE, "sampling_params": {"max_new_tokens": 4, "temperature": 0.7, "sampling_seed": 1}}
+    answers = [httpx.get(f"{crashed.control}{PROBE_PREFIX}/model_info", headers=AUTH, timeout=10),
+               httpx.post(f"{crashed.control}{PROBE_PREFIX}/generate", json=probe, headers=AUTH, timeout=10)]
+    for answer in answers:
+        assert answer.status_code == 503 and answer.headers["x-genrm-reason"] == RefusalReason.ENGINE_UNAVAILABLE
+        assert FORWARDED_TO_HEADER not in answer.headers
+    assert peer.state()["admittedTotal"] == 0
+    assert forwarded(crashed, "served") == forwarded(crashed, "exhausted") == 0
+
+
+def test_peers_are_used_only_while_the_operator_is_in_touch() -> None:
+    """A peer list is only as current as its sender: without an authenticated control call for the
+    bound, the gateway refuses as with no peers (a listed IP may be another pod's by then)."""
+    with gateway_stack(LOOPBACK, "--peers-valid-seconds", "1") as crashed, gateway_stack(LOOPBACK) as peer:
+        tell_peers(crashed, address(peer))
+        crash_engine(crashed)
+        assert httpx.post(f"{crashed.url}/generate", json=JUDGE, timeout=10).status_code == 200
+        time.sleep(1.2)  # nothing authenticated on the control port meanwhile
+        started = time.monotonic()
+        refused = httpx.post(f"{crashed.url}/generate", json=JUDGE, timeout=10)
+        assert time.monotonic() - started < 0.5
+        assert refused.status_code == 503 and refused.headers["x-genrm-reason"] == RefusalReason.ENGINE_UNAVAILABLE
+        assert refused.headers["retry-after"] == "1" and FORWARDED_TO_HEADER not in refused.headers
+        assert forwarded(crashed, "served") == 1 and forwarded(crashed, "exhausted") == 0  # as with no peers
+        crashed.state()  # the operator's state poll: in touch again
+        again = httpx.post(f"{crashed.url}/generate", json=JUDGE, timeout=10)
+        assert again.status_code == 200 and again.headers[FORWARDED_TO_HEADER] == address(peer)
+
+
+def silent_address() -> tuple[str, list[socket.socket]]:
+    """An address whose connections are never accepted (a full accept queue drops further SYNs), as
+    a vanished pod's address may behave; the sockets to close afterwards."""
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(0)
+    held = [hole]
+    for _ in range(3):
+        filler = socket.socket()
+        filler.setblocking(False)
+        filler.connect_ex(hole.getsockname())
+        held.append(filler)
+    time.sleep(0.2)
+    return f"127.0.0.1:{hole.getsockname()[1]}", held
+
+
+def test_a_client_that_leaves_while_a_peer_does_not_accept_is_not_served_by_the_next() -> None:
+    with gateway_stack(LOOPBACK) as crashed, gateway_stack(LOOPBACK, sim_args=("--sim-ttft-ms", "3000")) as peer:
+        silent, held = silent_address()
+        try:
+            tell_peers(crashed, silent, address(peer))
+            crash_engine(crashed)
+            wait_ready(f"{crashed.control}/healthz/ready", status=503)
+            with pytest.raises(httpx.ReadTimeout):  # gone while the first peer's connection is still pending
+                httpx.post(f"{crashed.url}/generate", json=JUDGE, timeout=0.2)
+            time.sleep(1.0)  # past the first peer's connect timeout: the next peer was never offered it
+            assert peer.state()["admittedTotal"] == 0
+            assert crashed.state()["inflight"] == 0
+            assert forwarded(crashed, "clientGone") == 1 and forwarded(crashed, "served") == 0
+        finally:
+            for sock in held:
+                sock.close()
+
+
+def test_a_peer_that_breaks_is_the_peers_failure_not_this_engines() -> None:
+    """A peer that takes the request and closes without an answer: 502 ``peerFailed``, counted as a
+    failed forward, never as an engine refusal of this replica."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def take_and_drop() -> None:
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.close()
+
+    threading.Thread(target=take_and_drop, daemon=True).start()
+    with gateway_stack(LOOPBACK) as crashed:
+        tell_peers(crashed, f"127.0.0.1:{listener.getsockname()[1]}")
+        crash_engine(crashed)
+        wait_ready(f"{crashed.control}/healthz/ready", status=503)
+        answer = httpx.post(f"{crashed.url}/generate", json=JUDGE, timeout=10)
+        assert answer.status_code == 502 and answer.headers["x-genrm-reason"] == RefusalReason.PEER_FAILED
+        assert forwarded(crashed, "failed") == 1
+        assert crashed.metric(f'genrm_gateway_refused_total{{reason="{RefusalReason.PEER_FAILED}"}}') == 1
+        engine_reasons = [line for line in httpx.get(f"{crashed.control}/metrics").text.splitlines()
+                          if line.startswith("genrm_gateway_refused_total") and "engineDisconnected" in line]
+        assert engine_reasons == []
+    listener.close()
 
 
 def test_a_client_that_leaves_a_forwarded_request_has_it_aborted_on_the_peer() -> None:
-    with gateway_stack() as crashed, gateway_stack(sim_args=("--sim-ttft-ms", "5000")) as peer:
+    with gateway_stack(LOOPBACK) as crashed, gateway_stack(LOOPBACK, sim_args=("--sim-ttft-ms", "5000")) as peer:
         tell_peers(crashed, address(peer))
         crash_engine(crashed)
         with pytest.raises(httpx.ReadTimeout):
@@ -178,6 +306,7 @@ def test_a_client_that_leaves_a_forwarded_request_has_it_aborted_on_the_peer() -
             time.sleep(0.05)
         assert engine_requests() == 0
         assert crashed.state()["inflight"] == 0 and peer.state()["inflight"] == 0
+        assert forwarded(crashed, "clientGone") == 1 and forwarded(crashed, "served") == 0
 
 
 def test_an_older_push_never_replaces_a_newer_one(pair: list[Stack]) -> None:
@@ -195,6 +324,7 @@ def test_an_older_push_never_replaces_a_newer_one(pair: list[Stack]) -> None:
 @pytest.mark.parametrize("peers", [
     ["localhost:8000"], ["10.0.0.1"], ["http://10.0.0.1:8000"], ["10.0.0.1:0"], ["10.0.0.1:65536"],
     ["10.0.0.01:8000"], ["0.0.0.0:8000"], ["224.0.0.1:8000"], ["255.255.255.255:8000"], ["[::]:8000"],
+    ["127.0.0.1:8000"], ["127.9.9.9:8000"], ["[::1]:8000"],
     ["::1:8000"], ["[fe80::1%eth0]:8000"], ["10.0.0.1:8000/x"], ["10.0.0.1:8000\r\nx: y"], ["10.0.0.1:+80"],
     ["10.0.0.1:8000", "10.0.0.1:8000"], [f"10.0.0.{i}:8000" for i in range(MAX_PEERS + 1)], [7],
 ])

@@ -2,22 +2,25 @@
 
 Aspects under test: each replica gets its list once (no push while what it holds is what it should
 hold); a changed list and a new boot id are pushed again; versions grow with every push; a gateway
-that does not answer is retried; one that holds a newer push (from an operator whose clock ran
-ahead) is outranked by the next push; one older than peers (404) is asked again only when its list
-changes or it restarts; a replica no longer followed is not pushed to; closing stops
-the pushes.
+that does not answer is retried, less and less often, and logged once; one that holds a newer push
+(from an operator whose clock ran ahead) is outranked by the next push, one holding the highest
+version too, and two operators outbidding each other slow down; one older than peers (404) is
+asked again only when its list changes or it restarts; a replica no longer followed is not pushed
+to; closing stops the pushes; the client does not log each failed push.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
-from genrm_contract.peers import PeersDocument
+from genrm_contract.peers import MAX_VERSION, PeersDocument
 from genrm_contract.sidecar import DrainState, EngineReport, StateDocument
 from genrm_operator.shell import peers as peers_module
 from genrm_operator.shell.peers import PeerPusher
-from genrm_operator.shell.sidecar import Endpoint, PeersUnknown
+from genrm_operator.shell.sidecar import Endpoint, PeersUnknown, SidecarClient
+from genrm_testing import free_port
 
 
 def report(boot_id: str) -> StateDocument:
@@ -84,7 +87,7 @@ def test_each_gateway_is_told_once_then_again_on_a_change_or_a_restart() -> None
 
 
 def test_a_silent_gateway_is_retried_and_a_newer_push_is_outranked(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(peers_module, "RETRY_SECONDS", 0.01)
+    monkeypatch.setattr(peers_module, "RETRY_SECONDS", (0.01, 0.01))
 
     async def scenario() -> None:
         gateways = Gateways()
@@ -140,3 +143,89 @@ def test_closing_stops_a_retrying_push() -> None:
         assert len(gateways.pushes) == count
 
     asyncio.run(scenario())
+
+
+class Yielding(Gateways):
+    """Fake sidecars that, like a real call, let the event loop run while a push is answered."""
+
+    async def peers(self, ep: Endpoint, document: PeersDocument) -> PeersDocument | None:
+        await asyncio.sleep(0)
+        return await super().peers(ep, document)
+
+
+def test_a_silent_gateway_is_asked_less_and_less_often_and_logged_once(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(peers_module, "RETRY_SECONDS", (0.01, 0.16))
+
+    async def scenario() -> None:
+        gateways = Yielding()
+        gateways.down.add("10.0.0.1")
+        pusher = PeerPusher(gateways)  # type: ignore[arg-type]
+        pusher.follow({"a": LISTS["a"]}, ENDPOINTS, {})
+        await asyncio.sleep(0.6)
+        tries = len(gateways.pushes)
+        assert 3 <= tries <= 10  # 0, 0.01, 0.03, 0.07, 0.15, then every 0.16 s; not every 0.01 s
+        gateways.down.clear()
+        await asyncio.sleep(0.3)
+        assert gateways.held["10.0.0.1"].peers == LISTS["a"]
+        await pusher.close()
+
+    with caplog.at_level(logging.INFO, logger="genrm_operator"):
+        asyncio.run(scenario())
+    assert len([r for r in caplog.records if r.levelno >= logging.INFO]) == 1
+
+
+def test_a_gateway_holding_the_highest_version_is_still_told() -> None:
+    async def scenario() -> None:
+        gateways = Yielding()
+        gateways.held["10.0.0.2"] = PeersDocument(version=MAX_VERSION, peers=("10.9.9.9:8000",))
+        pusher = PeerPusher(gateways)  # type: ignore[arg-type]
+        pusher.follow(LISTS, ENDPOINTS, {})
+        await asyncio.sleep(0.6)  # the first push finds the newer one, the next outranks it after a pause
+        assert gateways.held["10.0.0.2"].peers == LISTS["b"] and gateways.held["10.0.0.1"].peers == LISTS["a"]
+        pusher.follow({**LISTS, "a": ()}, ENDPOINTS, {})  # later pushes still go out, and are taken
+        await asyncio.sleep(0.05)
+        assert gateways.held["10.0.0.1"].peers == ()
+        await pusher.close()
+
+    asyncio.run(scenario())
+
+
+class Crossing(Gateways):
+    """A fake sidecar whose answer takes a round trip, during which another push may land: the
+    answer is the document held when it leaves."""
+
+    async def peers(self, ep: Endpoint, document: PeersDocument) -> PeersDocument | None:
+        await super().peers(ep, document)
+        await asyncio.sleep(0.005)
+        return self.held[ep.ip]
+
+
+def test_two_operators_outbidding_each_other_slow_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(peers_module, "RETRY_SECONDS", (0.01, 0.16))
+
+    async def scenario() -> None:
+        gateways = Crossing()
+        mine, theirs = PeerPusher(gateways), PeerPusher(gateways)  # type: ignore[arg-type]
+        mine.follow({"a": LISTS["a"]}, ENDPOINTS, {})
+        theirs.follow({"a": ("10.0.0.3:8000",)}, ENDPOINTS, {})
+        await asyncio.sleep(0.6)
+        assert len(gateways.pushes) <= 20
+        await mine.close()
+        await theirs.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_client_does_not_log_each_failed_push(caplog: pytest.LogCaptureFixture) -> None:
+    async def pushes() -> list[PeersDocument | None]:
+        client = SidecarClient()
+        try:
+            closed = Endpoint("127.0.0.1", free_port(), "t")
+            return [await client.peers(closed, PeersDocument(version=1)) for _ in range(3)]
+        finally:
+            await client.close()
+
+    with caplog.at_level(logging.INFO, logger="genrm_operator"):
+        assert asyncio.run(pushes()) == [None, None, None]
+    assert [r for r in caplog.records if r.levelno >= logging.INFO] == []

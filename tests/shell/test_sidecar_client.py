@@ -7,7 +7,8 @@ alive per address (each address's requests arrive on one connection) and several
 served at once; no request leaves reference cycles behind for the garbage collector (checked in a
 process of its own); every request
 is counted once, by call and answer code, in ``genrm_operator_sidecar_requests_total``; verification
-probes go to the judge routes under the control port's ``PROBE_PREFIX``, with the pool's token.
+probes go to the judge routes under the control port's ``PROBE_PREFIX``, with the pool's token, and
+an answer marked as another replica's fails them.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from genrm_contract.peers import FORWARDED_TO_HEADER
 from genrm_contract.sidecar import PROBE_PREFIX, DrainPhase, DrainRequest, DrainState, EngineReport, StateDocument
 from genrm_operator.api.spec import VerificationSpec
-from genrm_operator.shell.sidecar import DEFAULT_PROBES, STATE_SECONDS, Endpoint, SidecarClient
+from genrm_operator.shell.sidecar import DEFAULT_PROBES, STATE_SECONDS, Endpoint, NotItsOwn, SidecarClient
 from prometheus_client import REGISTRY
 
 STATE = StateDocument(state=DrainState.SERVING, drain_id=None, inflight=0, admitted_total=0, completed_total=0,
@@ -41,14 +43,18 @@ class StandIn:
         self.delay = 0.0
         self.drain_status = 200
         self.drain_body = STATE.model_dump_json(by_alias=True)
+        self.headers: dict[str, str] = {}
+        """Added to every answer."""
 
     async def handle(self, request: web.Request) -> web.Response:
         peer = request.transport.get_extra_info("peername")[1] if request.transport else 0
         self.seen.append((peer, request.path, dict(request.query), request.headers.get("Authorization")))
         await asyncio.sleep(self.delay)
         if request.path == "/v1/drain":
-            return web.Response(status=self.drain_status, text=self.drain_body, content_type="application/json")
-        return web.Response(text=STATE.model_dump_json(by_alias=True), content_type="application/json")
+            return web.Response(status=self.drain_status, text=self.drain_body, content_type="application/json",
+                                headers=self.headers)
+        return web.Response(text=STATE.model_dump_json(by_alias=True), content_type="application/json",
+                            headers=self.headers)
 
 
 @pytest.fixture
@@ -170,3 +176,15 @@ async def test_every_request_is_counted_once_by_call_and_code(sidecars: list[tup
     counted = {key: requests_counted(*key) - before[key] for key in labels}
     assert counted == {("state", "200"): 2, ("drain", "200"): 1, ("drain", "409"): 1, ("state", "error"): 1,
                        ("probe", "200"): 1 + len(DEFAULT_PROBES)}  # /model_info, then each probe
+
+
+async def test_a_probe_answered_by_another_replica_fails_the_verification(
+        sidecars: list[tuple[StandIn, Endpoint]]) -> None:
+    (stand_in, ep), _ = sidecars
+    stand_in.headers = {FORWARDED_TO_HEADER: "10.0.0.9:8000"}  # a gateway that forwarded the probe
+    client = SidecarClient()
+    try:
+        with pytest.raises(NotItsOwn):
+            await client.answers(ep, VerificationSpec())
+    finally:
+        await client.close()

@@ -6,12 +6,15 @@ once: published, Ready, not being deleted, its gateway Serving and its engine he
 whose gateway answers is told the others (a victim still draining may meet a crash too), in the
 order of their addresses starting after its own, so that when a pool has more serving replicas
 than a gateway is told (`MAX_PEERS`), the gateways are told different ones and the forwards of a
-crash spread. Pure: the shell passes the pod IPs in and delivers the lists (`shell.peers`).
+crash spread. The serving replicas are sorted once per step and each list is read off them from
+its starting point, so a step costs the same per replica in a pool of any size. Pure: the shell
+passes the pod IPs in and delivers the lists (`shell.peers`).
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Mapping
 
 from genrm_contract.peers import MAX_PEERS, peer_address
@@ -21,18 +24,28 @@ from .model import Observed
 
 
 def peer_lists(obs: Observed, ips: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
-    """Each reporting replica's peers (traffic addresses), by pod name; ``ips`` are the pod IPs."""
+    """Each reporting replica's peers (traffic addresses), by pod name; ``ips`` are the pod IPs (one
+    that is no valid peer address, which Kubernetes never gives a pod, is left out)."""
     port = obs.spec.gateway.port
-    serving = sorted(
-        (peer_address(ips[pod.name], port), pod.name) for pod in obs.pods
-        if pod.published and pod.ready and not pod.deleting and pod.name in ips
+    addresses: dict[str, str] = {}
+    for name, ip in ips.items():
+        try:
+            addresses[name] = peer_address(ip, port)
+        except ValueError:
+            continue
+    # One replica per address: two pods reporting one IP (one of them stale) would name it twice.
+    serving_by_address = {
+        addresses[pod.name]: pod.name for pod in obs.pods
+        if pod.published and pod.ready and not pod.deleting and pod.name in addresses
         and (view := obs.sidecars.get(pod.name)) is not None
-        and view.state == DrainState.SERVING and view.engine_healthy)
+        and view.state == DrainState.SERVING and view.engine_healthy}
+    serving = sorted(serving_by_address)
     lists: dict[str, tuple[str, ...]] = {}
     for pod in obs.pods:
-        if pod.deleting or pod.name not in ips or obs.sidecars.get(pod.name) is None:
+        if pod.deleting or pod.name not in addresses or obs.sidecars.get(pod.name) is None:
             continue
-        others = [address for address, name in serving if name != pod.name]
-        start = bisect.bisect_right(others, peer_address(ips[pod.name], port))
-        lists[pod.name] = tuple((others[start:] + others[:start])[:MAX_PEERS])
+        own = addresses[pod.name]
+        start = bisect.bisect_right(serving, own)
+        rotated = (serving[(start + i) % len(serving)] for i in range(len(serving)))
+        lists[pod.name] = tuple(itertools.islice((address for address in rotated if address != own), MAX_PEERS))
     return lists

@@ -7,7 +7,12 @@ gateway holds no peers), and retried while it does not answer (a gateway without
 than peers, is not asked again until one of those changes); the document's version grows with
 every push (the wall clock in microseconds, strictly increasing within this process), so of two
 pushes that cross, or a push of an operator before a restart and one after, the gateway keeps the
-newer.
+newer. Versions stop at the contract's ``MAX_VERSION``, which a gateway holding it still takes (a
+push as new as the one held replaces it), so a version told by anyone can always be outranked.
+
+Why a backoff, both after a failed push and after finding a newer push held: a gateway that does
+not answer is asked less and less often rather than every second for ever, and two operators that
+each outrank the other's push (one of them about to stop) do not bid as fast as round trips allow.
 """
 
 from __future__ import annotations
@@ -19,13 +24,14 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from genrm_contract.peers import PeersDocument
+from genrm_contract.peers import MAX_VERSION, PeersDocument
 from genrm_contract.sidecar import StateDocument
 
 from .sidecar import Endpoint, PeersUnknown, SidecarClient
 
 log = logging.getLogger(__name__)
-RETRY_SECONDS = 1.0
+RETRY_SECONDS = (0.25, 5.0)
+"""Backoff between pushes to one gateway that failed or found a newer push: first delay, and the most."""
 
 
 @dataclass(frozen=True)
@@ -58,13 +64,16 @@ class PeerPusher:
                 self._tasks[name] = asyncio.create_task(self._tell(name), name=f"peers {name}")
 
     def _next_version(self) -> int:
-        self._version = max(self._version + 1, time.time_ns() // 1000)
+        self._version = min(MAX_VERSION, max(self._version + 1, time.time_ns() // 1000))
         return self._version
 
     async def _tell(self, name: str) -> None:
         """Push until the replica holds what it should (or is no longer followed)."""
+        setbacks = 0
         try:
             while (want := self._wanted.get(name)) is not None and self._told.get(name) != want:
+                if setbacks:
+                    await asyncio.sleep(min(RETRY_SECONDS[1], RETRY_SECONDS[0] * 2 ** (setbacks - 1)))
                 document = PeersDocument(version=self._next_version(), peers=want.peers)
                 try:
                     held = await self.sidecars.peers(want.endpoint, document)
@@ -73,11 +82,13 @@ class PeerPusher:
                              "list changes or it restarts", name)
                     self._told[name] = want
                     break
-                if held is None:
-                    await asyncio.sleep(RETRY_SECONDS)
-                elif held.peers == want.peers:
-                    self._told[name] = want
-                else:  # it holds a newer push (another operator's clock ahead): the next one outranks it
+                if held is not None and held.peers == want.peers:
+                    self._told[name], setbacks = want, 0
+                    continue
+                setbacks += 1
+                if held is None and setbacks == 1:  # once per streak: the backoff keeps trying
+                    log.info("gateway %s did not take its peers; retrying with backoff", name)
+                elif held is not None:  # a newer push (another operator's clock ahead): the next one outranks it
                     self._version = max(self._version, held.version)
         finally:
             self._tasks.pop(name, None)

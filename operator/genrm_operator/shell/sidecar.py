@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from genrm_contract.peers import PEERS_PATH, PeersDocument
+from genrm_contract.peers import FORWARDED_TO_HEADER, PEERS_PATH, PeersDocument
 from genrm_contract.sidecar import (
     DRAIN_PATH,
     PROBE_PREFIX,
@@ -60,6 +60,11 @@ DEFAULT_PROBES = (
 
 CALLS = {STATE_PATH: "state", DRAIN_PATH: "drain", UNDRAIN_PATH: "undrain", SHED_PATH: "shed", PEERS_PATH: "peers"}
 """The ``call`` label of each control route; anything else is a verification probe (``probe``)."""
+
+
+class NotItsOwn(Exception):
+    """A verification probe answered by another replica (the gateway's ``FORWARDED_TO_HEADER``): a
+    replica is verified by its own engine's answers or not at all."""
 
 
 class PeersUnknown(Exception):
@@ -176,8 +181,8 @@ class SidecarClient:
             async with self._http.post(f"{ep.control}{PEERS_PATH}", headers=ep.headers,
                                        json=document.wire()) as response:
                 status, text = response.status, await response.text(errors="replace")
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            log.info("sidecar %s %s failed: %r", ep.control, PEERS_PATH, exc)
+        except (aiohttp.ClientError, TimeoutError) as exc:  # the pusher logs once per streak of these
+            log.debug("sidecar %s %s failed: %r", ep.control, PEERS_PATH, exc)
             return None
         if status == 404:
             raise PeersUnknown(ep.control)
@@ -219,12 +224,14 @@ class SidecarClient:
         The probes reach the judge routes through the gateway's control port (``PROBE_PREFIX``), with
         the control token: the same proxy as the traffic port, but neither a pool's API key (which the
         operator never reads) nor a connection counted among the clients' (which the balancer shares
-        out).
+        out). An answer another replica gave (a gateway whose engine is down, older than the rule that it
+        never forwards a probe) raises ``NotItsOwn``.
         """
         limit = timeout(float(spec.timeout_seconds))
         judge = f"{ep.control}{PROBE_PREFIX}"
         async with self._http.get(f"{judge}/model_info", timeout=limit, raise_for_status=True,
                                   headers=ep.headers) as info:
+            its_own(info)
             generation = bool((await info.json(content_type=None)).get("is_generation", True))
 
         async def ask(probe: ProbeRequest) -> str:
@@ -232,10 +239,17 @@ class SidecarClient:
             async with self._http.post(f"{judge}{path}", json=payload, timeout=limit, raise_for_status=True,
                                        headers={**ep.headers,
                                                 "X-Request-Id": f"genrm-verify-{uuid.uuid4().hex}"}) as response:
+                its_own(response)
                 return probe_answer(await response.json(content_type=None), generation)
 
         # At once, as a batch of judge calls would come: the answers do not depend on each other.
         return list(await asyncio.gather(*(ask(probe) for probe in spec.requests or DEFAULT_PROBES)))
+
+
+def its_own(response: aiohttp.ClientResponse) -> None:
+    """Raise ``NotItsOwn`` when a probe's answer came from a peer of the replica probed."""
+    if FORWARDED_TO_HEADER in response.headers:
+        raise NotItsOwn(f"{response.url} was answered by the replica at {response.headers[FORWARDED_TO_HEADER]}")
 
 
 def timeout(seconds: float) -> aiohttp.ClientTimeout:
