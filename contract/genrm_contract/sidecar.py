@@ -79,6 +79,15 @@ class DrainState(enum.StrEnum):
     DRAINED = DRAINED
 
 
+READY_STATES = frozenset({DrainState.SERVING, DrainState.SOFT_DRAIN})
+"""The drain states in which a gateway answers its readiness probe Ready (its engine permitting).
+
+A soft-draining replica still admits requests, and it leaves the pool's Service because the operator
+unpublished it, not through its readiness. So a victim the operator puts back (a scale-in's rescue:
+undrained and published again) is a ready endpoint the moment its label is back, without waiting for
+a probe period. From the fence on it refuses requests, and says so to the probe."""
+
+
 class DrainPhase(enum.StrEnum):
     """What a drain call asks for: soft (keep admitting, stop keep-alive) or fence (refuse new requests)."""
 

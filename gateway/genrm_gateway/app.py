@@ -145,15 +145,20 @@ class Gateway:
                 return
 
     async def _retire_idle(self) -> None:
-        """During a drain, or while the engine is unreachable, keep closing keep-alive connections
-        as they turn idle: a client's next request then opens a new connection, which the Service
-        sends to a replica that can answer, instead of meeting a refusal on a kept-alive one."""
+        """During a drain, or while the engine is unreachable and no peer can answer for it, keep
+        closing keep-alive connections as they turn idle: a client's next request then opens a new
+        connection, which the Service sends to a replica that can answer, instead of meeting a
+        refusal on a kept-alive one.
+
+        While peers answer for a dead engine, the connections stay: this replica's requests are
+        served through them, and a new connection could find the Service empty (the crashed replica
+        was its last ready endpoint, and the replica the operator puts back is not listed yet)."""
         while True:
             await asyncio.sleep(_RETIRE_EVERY_SECONDS)
             state = self.drain.state
             if state is not DrainState.SERVING:
                 self.connections.retire(state)
-            elif not self.engine.up:
+            elif not self.engine.up and not self.peers.known:
                 self.connections.retire(DrainState.FENCED)
 
 

@@ -24,13 +24,13 @@ from genrm_contract.sidecar import (
     MAX_WAIT_SECONDS,
     METRICS_PATH,
     READY_PATH,
+    READY_STATES,
     SHED_PATH,
     STATE_PATH,
     UNDRAIN_PATH,
     WAIT_PARAM,
     WATCH_TICK_SECONDS,
     DrainRequest,
-    DrainState,
     EngineReport,
     RefusalReason,
     ShedAnswer,
@@ -175,7 +175,7 @@ def create_control_app(admission: Admission, drain: DrainController, engine: Eng
             reason = RefusalReason.ENGINE_DOWN
         elif not engine.healthy:
             reason = RefusalReason.ENGINE_UNHEALTHY
-        elif state is not DrainState.SERVING:
+        elif state not in READY_STATES:
             reason = RefusalReason.DRAINING
         else:
             return Response(b'{"ready":true}', media_type="application/json")

@@ -355,8 +355,9 @@ class Proxy:
     async def _respond(self, exchange: Exchange, scope: Scope, send: Send, request_id: bytes,
                        peer: str | None, proof: tuple[tuple[bytes, bytes], ...]) -> None:
         """The answer, from the engine or from ``peer``; ``proof`` proves it to the peer gateway that
-        forwarded the request here. A peer's answer closes the connection: the client's next request
-        then opens a new one, which the Service sends to a replica whose engine serves."""
+        forwarded the request here. A peer's answer keeps the client's connection: its next request
+        is answered through a peer again, or by the engine once it is back, while a new connection
+        could find the Service without a ready endpoint (this replica was its last)."""
         headers = [(name, value) for name, value in exchange.headers if name not in _HOP_BY_HOP]
         headers.append((REQUEST_ID_HEADER, request_id))
         headers += proof
@@ -365,7 +366,7 @@ class Proxy:
             headers.append((FORWARDED_TO, peer.encode()))
         if draining:
             headers.append(DRAINING_HEADER)
-        if draining or peer is not None:
+        if draining:
             headers.append(CLOSE_HEADER)
         if exchange.streamed and scope["http_version"] == "1.0":
             body = await self._whole_stream(exchange)

@@ -66,6 +66,7 @@ from genrm_contract.sidecar import (
     PROPAGATION_SECONDS,
     QUIET_SECONDS,
     READY_PATH,
+    READY_STATES,
     REASON_HEADER,
     STATE_PATH,
     TRAFFIC_PORT,
@@ -197,7 +198,7 @@ class HollowReplica:
                 pass
 
     def ready(self, now: float) -> bool:
-        return self.engine_up(now) and self.current(now) is DrainState.SERVING
+        return self.engine_up(now) and self.current(now) in READY_STATES
 
 
 Reply = tuple[int, bytes, dict[str, str]]

@@ -34,19 +34,23 @@ def test_each_serving_replica_is_told_the_others() -> None:
 
 
 def test_only_replicas_that_would_serve_at_once_are_peers() -> None:
-    pods = [serving_pod("ok"), serving_pod("unpublished", published=False), serving_pod("unready", ready=False),
-            serving_pod("deleting", deleting=True), serving_pod("draining"), serving_pod("engine-down"),
+    pods = [serving_pod("ok"), serving_pod("unverified", published=False, ever_published=False),
+            serving_pod("unready", ready=False), serving_pod("deleting", deleting=True),
+            serving_pod("victim", published=False), serving_pod("fenced"), serving_pod("engine-down"),
             serving_pod("silent"), serving_pod("no-ip")]
     sidecars = {p.name: serving_sidecar() for p in pods}
-    sidecars["draining"] = serving_sidecar(state=DrainState.SOFT_DRAIN)
+    sidecars["victim"] = serving_sidecar(state=DrainState.SOFT_DRAIN)  # unpublished, still admitting
+    sidecars["fenced"] = serving_sidecar(state=DrainState.FENCED)
     sidecars["engine-down"] = serving_sidecar(engine_healthy=False)
     sidecars["silent"] = None
     ips = {p.name: f"10.0.1.{i}" for i, p in enumerate(pods) if p.name != "no-ip"}
     lists = peer_lists(observe(SPEC, pods, sidecars), ips)
     # Told: every replica with an IP whose gateway answers, unless it is being deleted.
-    assert set(lists) == {"ok", "unpublished", "unready", "draining", "engine-down"}
-    assert lists["engine-down"] == lists["draining"] == lists["unready"] == ("10.0.1.0:8000",)
-    assert lists["ok"] == ()
+    assert set(lists) == {"ok", "unverified", "unready", "victim", "fenced", "engine-down"}
+    # Peers: verified (published now or before), Ready, admitting (Serving or soft-draining), engine up.
+    for name in ("engine-down", "fenced", "unready"):
+        assert sorted(lists[name]) == ["10.0.1.0:8000", "10.0.1.4:8000"]
+    assert lists["ok"] == ("10.0.1.4:8000",) and lists["victim"] == ("10.0.1.0:8000",)
 
 
 def test_the_traffic_port_and_ipv6_brackets() -> None:

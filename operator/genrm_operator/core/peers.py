@@ -2,7 +2,9 @@
 
 Why the operator decides: a gateway sees only its own replica; the operator sees every replica's
 publication, readiness and sidecar report. A peer is a replica that would serve the request at
-once: published, Ready, not being deleted, its gateway Serving and its engine healthy. Every replica
+once: verified (published now or before), Ready, not being deleted, its gateway admitting (Serving
+or soft-draining: a scale-in's victim answers until its fence, and while the survivor's engine is
+down it may be the only replica that can) and its engine healthy. Every replica
 whose gateway answers is told the others (a victim still draining may meet a crash too), in the
 order of their addresses starting after its own, so that when a pool has more serving replicas
 than a gateway is told (`MAX_PEERS`), the gateways are told different ones and the forwards of a
@@ -18,7 +20,7 @@ import itertools
 from collections.abc import Mapping
 
 from genrm_contract.peers import MAX_PEERS, peer_address
-from genrm_contract.sidecar import DrainState
+from genrm_contract.sidecar import READY_STATES
 
 from .model import Observed
 
@@ -36,9 +38,9 @@ def peer_lists(obs: Observed, ips: Mapping[str, str]) -> dict[str, tuple[str, ..
     # One replica per address: two pods reporting one IP (one of them stale) would name it twice.
     serving_by_address = {
         addresses[pod.name]: pod.name for pod in obs.pods
-        if pod.published and pod.ready and not pod.deleting and pod.name in addresses
+        if (pod.published or pod.ever_published) and pod.ready and not pod.deleting and pod.name in addresses
         and (view := obs.sidecars.get(pod.name)) is not None
-        and view.state == DrainState.SERVING and view.engine_healthy}
+        and view.state in READY_STATES and view.engine_healthy}
     serving = sorted(serving_by_address)
     lists: dict[str, tuple[str, ...]] = {}
     for pod in obs.pods:

@@ -151,9 +151,12 @@ def in_service(s: Step, r: Replica) -> bool:
     """Whether ``r`` serves as its clients see it: published, Ready, and a ready endpoint of the pool's
     Service (when the shell watches its EndpointSlices: `Observed.endpoints`). kube-proxy and every
     client follow the EndpointSlices, so a replica counts as serving (the status, an operation's
-    outcome, the victim a scale-in keeps) only once they list it."""
+    outcome, the victim a scale-in keeps) only once they list it. A sidecar that reports its engine
+    down says first what the pod's readiness will say next: a scale-in puts a victim back on that
+    report, not a status update and an EndpointSlice change later."""
     endpoints = s.obs.endpoints
-    return r.role is Role.SERVING and r.pod.ready and (endpoints is None or r.pod.name in endpoints)
+    return r.role is Role.SERVING and r.pod.ready and (endpoints is None or r.pod.name in endpoints) \
+        and (r.sidecar is None or r.sidecar.engine_healthy)
 
 
 def gpu_holders(s: Step, op: Operation | None) -> int:
