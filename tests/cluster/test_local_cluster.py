@@ -6,8 +6,10 @@ network namespaces the agent created) or over loopback inside the pod.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -207,6 +209,53 @@ def test_an_unknown_service_address_gets_no_answer_from_outside_the_host(cluster
     assert connect_outcome(address, 80) in ("ECONNREFUSED", "timeout")
 
 
+def test_kube_proxy_follows_the_endpointslice_within_its_sync(cluster: LocalCluster) -> None:
+    """How long after the EndpointSlice lists an endpoint ready (or not) a client's connect through
+    the ClusterIP follows it: kube-proxy's own sync, after the operator's "serving" (which waits for
+    the slice). Printed as `kube-proxy-sync:` for docs/state-machine.md; each change must arrive."""
+    create(cluster, pod_manifest("synced", {
+        "name": "synced",
+        "command": ["sh", "-c", "touch /data/ready && exec python3 -m http.server 8080 --directory /data"],
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080}, "periodSeconds": 1,
+                           "failureThreshold": 1},
+        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+    }, volumes=[{"name": "data", "emptyDir": {}}]))
+    create(cluster, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "synced"},
+                     "spec": {"selector": {"app": "synced"},
+                              "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}})
+    address, port = cluster.service_url("default", "synced").removeprefix("http://").split(":")
+    wait_for(cluster, "synced", "Ready", lambda: condition(get_pod(cluster, "synced"), "Ready").get("status") == "True")
+    marker = volume_dir(cluster, "synced", "data") / "ready"
+    marker.unlink()
+
+    def listed() -> bool | None:
+        slices = cluster.api.get("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices",
+                                 {"labelSelector": "kubernetes.io/service-name=synced"})["items"]
+        states = [bool(e["conditions"].get("ready")) for s in slices for e in s.get("endpoints") or []]
+        return any(states) if states else None
+
+    def follows(ready: bool) -> float:
+        """Seconds from the slice's change to the connect's: polled, so within a poll's resolution."""
+        waiting.wait_for(f"the slice listing the endpoint {'ready' if ready else 'unready'}",
+                         lambda: listed() is ready or (not ready and listed() is None), 30, interval=0.02)
+        changed = time.monotonic()
+        want = "connected" if ready else "ECONNREFUSED"
+        waiting.wait_for(f"a connect through the ClusterIP: {want}",
+                         lambda: connect_here(address, int(port)) == want, 30, interval=0.01)
+        return time.monotonic() - changed
+
+    added: list[float] = []
+    removed: list[float] = []
+    for _ in range(4):
+        marker.touch()
+        added.append(follows(ready=True))
+        marker.unlink()
+        removed.append(follows(ready=False))
+    print(f"\nkube-proxy-sync: rounds={len(added)} add_p50_s={sorted(added)[len(added) // 2]:.3f} "
+          f"add_max_s={max(added):.3f} remove_p50_s={sorted(removed)[len(removed) // 2]:.3f} "
+          f"remove_max_s={max(removed):.3f}")
+
+
 CONNECT_PROGRAM = """
 import errno, socket, sys
 s = socket.socket()
@@ -219,6 +268,19 @@ except TimeoutError:
 except OSError as exc:
     print(errno.errorcode.get(exc.errno, str(exc)))
 """
+
+
+def connect_here(address: str, port: int) -> str:
+    """`connect_outcome` in this process, for timing (no interpreter start per try)."""
+    with socket.socket() as sock:
+        sock.settimeout(2)
+        try:
+            sock.connect((address, port))
+            return "connected"
+        except TimeoutError:
+            return "timeout"
+        except OSError as exc:
+            return errno.errorcode.get(exc.errno or 0, str(exc))
 
 
 def connect_outcome(address: str, port: int) -> str:
