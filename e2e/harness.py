@@ -54,6 +54,8 @@ class SoakFigures:
     requests: int
     failed: int
     scale_changes: int
+    rollouts: int
+    """Changes of the pod template, each rolling every replica out."""
     operator_kills: int
     engine_kills: int
     violations: int
@@ -69,6 +71,7 @@ class SoakFigures:
 
     def line(self) -> str:
         return (f"soak-summary: requests={self.requests} failed={self.failed} scale_changes={self.scale_changes} "
+                f"rollouts={self.rollouts} "
                 f"operator_kills={self.operator_kills} engine_kills={self.engine_kills} "
                 f"violations={self.violations} converge_s={self.converge_s:.1f} "
                 f"empty_service_moments={self.empty_service_moments} empty_service_s={self.empty_service_s:.1f} "

@@ -5,6 +5,8 @@ For `GENRM_SOAK_SECONDS` (180 in `make test`, 480 in `make soak`) the unmodified
 `GENRM_SOAK_SEED` (printed, so a run can be repeated):
 
 * `kubectl scale` sets a random target in 1..5 every 2-6 s;
+* a change of the engine's environment rolls every replica out every 20-40 s (a Rollout, or the
+  work of one that a scale supersedes);
 * the operator is SIGKILLed at least 20 times at random moments and restarted after 0-3 s;
 * a few engines of serving replicas are SIGKILLed while another replica serves (the container
   restarts, the operator replaces the replica; the sole replica's crash is an outage that no
@@ -14,7 +16,8 @@ Every second a monitor checks the invariants:
 
 * pods holding GPUs (every pod of the pool, Terminating ones included, failed ones excepted)
   stay within the bound of `core/reconcile.py`: at most the largest target of the last
-  `TARGET_WINDOW_SECONDS` (the operator acts on what it saw a moment ago) or the previous count;
+  `TARGET_WINDOW_SECONDS` (the operator acts on what it saw a moment ago) or the previous count,
+  plus the rollout's surge (`maxSurge`, 1) while one runs or was asked for in that window;
 * every published pod passed verification, and is ready (unready for at most
   `UNREADY_GRACE_SECONDS`: an engine crash makes it unready before the operator unpublishes it);
 * every pod is controlled by the pool;
@@ -71,6 +74,9 @@ from .plainclients import Failure
 POOL = "soak"
 TARGETS = (1, 5)
 SCALE_EVERY = (2.0, 6.0)
+ROLL_EVERY = (20.0, 40.0)
+MAX_SURGE = 1
+"""spec.rollout.maxSurge's default, which the soak pool keeps: pods a rollout may add above the target."""
 RESTART_AFTER = (0.0, 3.0)
 MIN_OPERATOR_KILLS = 20
 TARGET_WINDOW_SECONDS = 10.0
@@ -130,9 +136,17 @@ class Monitor:
     reports: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Last sidecar report (/v1/state) per pod UID."""
     judged_deletions: set[str] = field(default_factory=set)
+    rolled: list[float] = field(default_factory=list)
+    """When the soak changed the pod template (each a rollout)."""
 
     def target_set(self, target: int) -> None:
         self.targets.append((time.monotonic(), target))
+
+    def surge(self, now: float) -> int:
+        """The rollout's surge while one runs (the pool's operation) or was asked for in the window."""
+        operation = (self.cluster.pool(self.namespace, POOL).get("status") or {}).get("operation") or {}
+        asked = any(now - at < TARGET_WINDOW_SECONDS for at in self.rolled)
+        return MAX_SURGE if asked or operation.get("type") == "Rollout" else 0
 
     def bound(self, now: float) -> int:
         while len(self.targets) > 1 and self.targets[1][0] < now - TARGET_WINDOW_SECONDS:
@@ -143,9 +157,12 @@ class Monitor:
         now = time.monotonic()
         pods = self.cluster.pods(self.namespace, POOL)
         holders = [p for p in pods if not failed(p)]
-        if len(holders) > max(self.bound(now), self.last_count):
+        allowed = max(self.bound(now), self.last_count)
+        # The pool is read only when the count goes past the bound without a surge.
+        if len(holders) > allowed and len(holders) > allowed + (surge := self.surge(now)):
             self.violate(f"{len(holders)} pods hold GPUs > max(target {self.bound(now)} of the last "
-                         f"{TARGET_WINDOW_SECONDS:g}s, previous count {self.last_count}): {names(holders)}")
+                         f"{TARGET_WINDOW_SECONDS:g}s, previous count {self.last_count}) + surge {surge}: "
+                         f"{names(holders)}")
         self.last_count = len(holders)
         for pod in pods:
             self.check_pod(pod, now, http)
@@ -274,7 +291,7 @@ def test_soak_random_scaling_operator_kills_and_engine_crashes_lose_nothing(
     kill_at = sorted(rng.uniform(5, seconds - 10) for _ in range(kill_count))
     crash_at = sorted(rng.uniform(20, seconds - 20) for _ in range(max(3, int(seconds / 60))))
     crashes: list[Crash] = []
-    scale_changes, target = 0, 2
+    scale_changes, target, rollouts = 0, 2, 0
     stop = threading.Event()
 
     def monitor_loop() -> None:
@@ -291,6 +308,7 @@ def test_soak_random_scaling_operator_kills_and_engine_crashes_lose_nothing(
         checker.start()
         start = time.monotonic()
         next_scale = start + rng.uniform(*SCALE_EVERY)
+        next_roll = start + rng.uniform(*ROLL_EVERY)
         while (now := time.monotonic()) < start + seconds:
             elapsed = now - start
             if kill_at and elapsed >= kill_at[0]:
@@ -311,6 +329,12 @@ def test_soak_random_scaling_operator_kills_and_engine_crashes_lose_nothing(
                 cluster.scale(namespace, POOL, target)
                 scale_changes += 1
                 next_scale = now + rng.uniform(*SCALE_EVERY)
+            if now >= next_roll:
+                rollouts += 1
+                monitor.rolled.append(now)
+                cluster.kubectl("patch", "genrmpool", POOL, "-n", namespace, "--type", "merge", "-p", json.dumps(
+                    {"spec": {"engine": {"env": [{"name": "SOAK_ROLLOUT", "value": str(rollouts)}]}}}))
+                next_roll = now + rng.uniform(*ROLL_EVERY)
             time.sleep(0.1)
         if operator.proc is None or operator.proc.poll() is not None:
             operator.start()
@@ -338,7 +362,7 @@ def test_soak_random_scaling_operator_kills_and_engine_crashes_lose_nothing(
                        f"{crash.serving} serving): {f}"
                        for f in ended]
     SOAK.figures = SoakFigures(
-        requests=plain.stats.total_sent, failed=plain.stats.failed, scale_changes=scale_changes,
+        requests=plain.stats.total_sent, failed=plain.stats.failed, scale_changes=scale_changes, rollouts=rollouts,
         operator_kills=kill_count, engine_kills=len(crashes), violations=len(monitor.violations),
         converge_s=converge_s, empty_service_moments=len(moments),
         empty_service_s=sum(m.seconds(until) for m in moments), lost_in_flight_at_crash=lost.in_flight_count,
