@@ -79,13 +79,25 @@ class DrainState(enum.StrEnum):
     DRAINED = DRAINED
 
 
-READY_STATES = frozenset({DrainState.SERVING, DrainState.SOFT_DRAIN})
-"""The drain states in which a gateway answers its readiness probe Ready (its engine permitting).
+ADMITTING_STATES = frozenset({DrainState.SERVING, DrainState.SOFT_DRAIN})
+"""The drain states in which a gateway admits requests; from the fence on it refuses them."""
+OPERATOR_DRAIN_PREFIX = "genrm/"
+"""The operator's drain ids are ``genrm/<pod uid>``; the gateway's own (preStop, SIGTERM) are not."""
 
-A soft-draining replica still admits requests, and it leaves the pool's Service because the operator
-unpublished it, not through its readiness. So a victim the operator puts back (a scale-in's rescue:
-undrained and published again) is a ready endpoint the moment its label is back, without waiting for
-a probe period. From the fence on it refuses requests, and says so to the probe."""
+
+def answers_ready(state: DrainState, drain_id: str | None) -> bool:
+    """Whether a gateway in ``state``, drained under ``drain_id``, answers its readiness probe Ready
+    (its engine permitting).
+
+    Serving, yes. Soft-draining for the operator, yes: the replica still admits requests and leaves
+    the pool's Service because the operator unpublished it, not through its readiness, so a victim
+    the operator puts back (a scale-in's rescue: undrained and published again) is a ready endpoint
+    the moment its label is back, with no probe period to wait. Soft-draining on its own (preStop,
+    SIGTERM: a container restart the operator did not ask for), no: nothing unpublished it, and only
+    its readiness takes it out of the Service before the fence. Fenced or Drained, no."""
+    if state is DrainState.SOFT_DRAIN:
+        return drain_id is not None and drain_id.startswith(OPERATOR_DRAIN_PREFIX)
+    return state is DrainState.SERVING
 
 
 class DrainPhase(enum.StrEnum):

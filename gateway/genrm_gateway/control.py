@@ -24,7 +24,6 @@ from genrm_contract.sidecar import (
     MAX_WAIT_SECONDS,
     METRICS_PATH,
     READY_PATH,
-    READY_STATES,
     SHED_PATH,
     STATE_PATH,
     UNDRAIN_PATH,
@@ -38,6 +37,7 @@ from genrm_contract.sidecar import (
     StateDocument,
     UndrainRequest,
     Versions,
+    answers_ready,
 )
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
@@ -175,7 +175,7 @@ def create_control_app(admission: Admission, drain: DrainController, engine: Eng
             reason = RefusalReason.ENGINE_DOWN
         elif not engine.healthy:
             reason = RefusalReason.ENGINE_UNHEALTHY
-        elif state not in READY_STATES:
+        elif not answers_ready(state, drain.drain_id):
             reason = RefusalReason.DRAINING
         else:
             return Response(b'{"ready":true}', media_type="application/json")

@@ -66,7 +66,6 @@ from genrm_contract.sidecar import (
     PROPAGATION_SECONDS,
     QUIET_SECONDS,
     READY_PATH,
-    READY_STATES,
     REASON_HEADER,
     STATE_PATH,
     TRAFFIC_PORT,
@@ -81,6 +80,7 @@ from genrm_contract.sidecar import (
     StateDocument,
     UndrainRequest,
     Versions,
+    answers_ready,
 )
 from pydantic import ValidationError
 
@@ -198,7 +198,7 @@ class HollowReplica:
                 pass
 
     def ready(self, now: float) -> bool:
-        return self.engine_up(now) and self.current(now) in READY_STATES
+        return self.engine_up(now) and answers_ready(self.current(now), self.drain_id)
 
 
 Reply = tuple[int, bytes, dict[str, str]]

@@ -23,7 +23,7 @@ from typing import Any
 from genrm_operator.api.pool import GenRMPoolStatus
 from genrm_operator.api.status import Operation
 from genrm_operator.core.clock import stamp
-from genrm_operator.core.model import DeletePod, Drain, Observed, Plan, SetPublished, Undrain
+from genrm_operator.core.model import DeletePod, Drain, Observed, Plan, SetPublished, Undrain, needs_record
 from genrm_operator.core.names import drain_id
 from genrm_operator.core.reconcile import reconcile
 
@@ -81,8 +81,10 @@ def test_a_soft_drained_victim_is_undrained_and_published_again_at_once() -> Non
     pods = [serving_pod("judge-0", ready=False), serving_pod("judge-1", published=False, ready=False)]
     sidecars = {"judge-0": serving_sidecar(), "judge-1": serving_sidecar(state="SoftDrain")}
     plan = step(pods, sidecars, status=scale_in([unpublished()], phase="Unpublishing"))
-    # The label goes on beside the undrain: the Service lists it once its readiness probe passes.
-    assert plan.actions == (Undrain("judge-1", drain_id("uid-judge-1")), SetPublished("judge-1", "uid-judge-1", True))
+    # The label goes on with the undrain, both after the record: a Conflict cancels both.
+    assert plan.actions == (Undrain("judge-1", drain_id("uid-judge-1")),
+                            SetPublished("judge-1", "uid-judge-1", True, rescue=True))
+    assert all(needs_record(action) for action in plan.actions)
     assert reasons([plan]) == ["VictimRescued"]
     victim = plan.status.operation.victims[0]  # type: ignore[union-attr]
     assert victim.unpublished_at is None and victim.held_at is not None
@@ -154,9 +156,32 @@ def test_a_survivor_going_not_ready_after_the_unpublish_gets_the_victim_back_in_
     world.plans.clear()
     rescued = world.step([Ev("sick", survivor_index, 3)])
     assert names(rescued, Undrain) == [victim.name]
-    assert SetPublished(victim.name, victim.uid, True) in rescued.actions
+    assert SetPublished(victim.name, victim.uid, True, rescue=True) in rescued.actions
     assert reasons([rescued]) == ["VictimRescued"]
     assert world.in_service_now() == {victim.name}
     run_until(world, world.converged)
     assert world.status.history[-1].type == "ScaleIn" and world.status.history[-1].outcome == "Succeeded"
     assert len(world.pods) == 1 and POOL in next(iter(world.pods))
+
+
+def test_a_held_victims_fence_clock_counts_only_the_time_it_was_not_held() -> None:
+    """A survivor whose readiness blips must not restart the victim's drain for ever (the drain
+    timeout must still come), nor may a long hold use the timeout up."""
+    fenced_at, held_at = NOW - 50, NOW - 30
+    held = {**VICTIM, "fencedAt": stamp(fenced_at).isoformat(), "heldAt": stamp(held_at).isoformat()}
+    pods = [serving_pod("judge-0"), serving_pod("judge-1")]
+    released = step(pods, status=scale_in([held], phase="Unpublishing"))
+    victim = released.status.operation.victims[0]  # type: ignore[union-attr]
+    assert victim.held_at is None and victim.fenced_at is not None
+    # Fenced 20 s before the hold; the 30 s held do not count.
+    assert victim.fenced_at.timestamp() == fenced_at + (NOW - held_at)
+    assert SetPublished("judge-1", "uid-judge-1", False) in released.actions
+
+
+def test_a_published_replica_left_draining_outside_any_operation_is_undrained() -> None:
+    """A victim put back whose undrain was lost when its operation was superseded."""
+    pods = [serving_pod("judge-0"), serving_pod("judge-1")]
+    plan = reconcile(observe(make_spec(2), pods, {"judge-0": serving_sidecar(),
+                                                  "judge-1": serving_sidecar(state="SoftDrain")}))
+    assert Undrain("judge-1", drain_id("uid-judge-1")) in plan.actions
+    assert not names(plan, Drain) and not names(plan, DeletePod)

@@ -56,7 +56,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from genrm_contract.drain import DrainConflict, DrainMachine
-from genrm_contract.sidecar import DrainPhase, DrainState
+from genrm_contract.sidecar import DrainPhase, DrainState, answers_ready
 from genrm_operator.api.pool import GenRMPoolSpec, GenRMPoolStatus
 from genrm_operator.core.children import template_revision
 from genrm_operator.core.classify import failure_reason
@@ -154,8 +154,8 @@ class SimPod:
 
     @property
     def ready(self) -> bool:
-        """The sidecar's readiness probe: engine warm and not draining."""
-        return self.warm and self.sidecar.state == DrainState.SERVING
+        """The sidecar's readiness probe: engine warm, and serving or soft-draining for the operator."""
+        return self.warm and answers_ready(self.sidecar.state, self.sidecar.drain_id)
 
     @property
     def reachable(self) -> bool:

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 from conftest import AUTH, TOKEN, Stack, gateway_stack
-from genrm_contract.sidecar import IDLE_REPORT_SECONDS, RefusalReason
+from genrm_contract.sidecar import IDLE_REPORT_SECONDS, OPERATOR_DRAIN_PREFIX, RefusalReason
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -34,8 +34,8 @@ def test_drain_ids_are_idempotent_and_exclusive(fresh: Stack) -> None:
     assert soft.status_code == 200 and soft.json()["state"] == "SoftDrain"
     assert fresh.drain("op-1/pod", "soft").json()["state"] == "SoftDrain"
     assert fresh.drain("op-2/pod", "soft").status_code == 409
-    # Soft-draining, it still admits, and says so to the probe: unpublishing takes it out of the Service.
-    assert httpx.get(f"{fresh.control}/healthz/ready").status_code == 200
+    ready = httpx.get(f"{fresh.control}/healthz/ready")
+    assert ready.status_code == 503 and ready.json()["error"]["reason"] == RefusalReason.DRAINING
     served = httpx.post(f"{fresh.url}/generate", json={"text": "x"})
     assert served.status_code == 200 and served.headers["x-genrm-draining"] == "1"
     assert httpx.post(f"{fresh.control}/v1/undrain", headers=AUTH, json={"drainId": "op-2/pod"}).status_code == 409
@@ -116,6 +116,18 @@ def _drain_command(stack: Stack, deadline: float, drain_id: str = "preStop") -> 
         [sys.executable, "-m", "genrm_gateway", "drain", "--wait", "--deadline-seconds", str(deadline),
          "--control-port", str(stack.control_port), "--propagation-seconds", "0.2", "--drain-id", drain_id],
         env=os.environ | {"GENRM_CONTROL_TOKEN": TOKEN}, capture_output=True, text=True, timeout=20)
+
+
+def test_a_soft_drain_of_the_operators_keeps_the_replica_ready_until_the_fence(fresh: Stack) -> None:
+    """The operator's soft drain comes after its unpublish, which is what takes the replica out of the
+    Service; the replica still admits and answers Ready, so putting it back (undrain and publish) lists
+    it at once. The fence makes it unready."""
+    operator_drain = f"{OPERATOR_DRAIN_PREFIX}0b9e6f2a-pod-uid"
+    assert fresh.drain(operator_drain, "soft").json()["state"] == "SoftDrain"
+    assert httpx.get(f"{fresh.control}/healthz/ready").status_code == 200
+    assert fresh.drain(operator_drain, "fence").status_code == 200
+    ready = httpx.get(f"{fresh.control}/healthz/ready")
+    assert ready.status_code == 503 and ready.json()["error"]["reason"] == RefusalReason.DRAINING
 
 
 def test_prestop_drain_command_blocks_until_drained(fresh: Stack) -> None:

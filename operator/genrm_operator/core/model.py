@@ -179,6 +179,8 @@ class SetPublished:
     name: str
     uid: str
     published: bool
+    rescue: bool = False
+    """A scale-in's victim put back (`scale_in.keep`): it waits for the record like its undrain."""
 
 
 @dataclass(frozen=True)
@@ -230,9 +232,10 @@ def needs_record(action: Action) -> bool:
     step counts it as serving whatever the status says (on a stale spec it publishes a replica the
     next step may remove: churn, never a loss); a verification probe decides nothing. Sending these
     beside the write takes the write's round trip out of the wait between a replica's readiness and
-    its publication."""
+    its publication. A victim's publish when a scale-in puts it back (``rescue``) is no such
+    publish: it undoes a drain the status recorded, and waits with its undrain."""
     match action:
-        case Verify() | SetPublished(published=True):
+        case Verify() | SetPublished(published=True, rescue=False):
             return False
     return True
 

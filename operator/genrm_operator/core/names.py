@@ -7,6 +7,8 @@ pure function of the pool and, for pods, an ordinal that the status remembers.
 
 from __future__ import annotations
 
+from genrm_contract.sidecar import OPERATOR_DRAIN_PREFIX
+
 from ..api.pool import GROUP
 
 POOL_LABEL = f"{GROUP}/pool"
@@ -55,7 +57,7 @@ def selector(pool: str) -> str:
 
 def drain_id(pod_uid: str) -> str:
     """Drain id bound to one pod incarnation: a stale confirmation can never release another pod."""
-    return f"genrm/{pod_uid}"
+    return f"{OPERATOR_DRAIN_PREFIX}{pod_uid}"
 
 
 def common_labels(pool: str) -> dict[str, str]:

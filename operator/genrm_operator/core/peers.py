@@ -20,7 +20,7 @@ import itertools
 from collections.abc import Mapping
 
 from genrm_contract.peers import MAX_PEERS, peer_address
-from genrm_contract.sidecar import READY_STATES
+from genrm_contract.sidecar import ADMITTING_STATES
 
 from .model import Observed
 
@@ -40,7 +40,7 @@ def peer_lists(obs: Observed, ips: Mapping[str, str]) -> dict[str, tuple[str, ..
         addresses[pod.name]: pod.name for pod in obs.pods
         if (pod.published or pod.ever_published) and pod.ready and not pod.deleting and pod.name in addresses
         and (view := obs.sidecars.get(pod.name)) is not None
-        and view.state in READY_STATES and view.engine_healthy}
+        and view.state in ADMITTING_STATES and view.engine_healthy}
     serving = sorted(serving_by_address)
     lists: dict[str, tuple[str, ...]] = {}
     for pod in obs.pods:

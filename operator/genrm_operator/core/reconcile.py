@@ -47,7 +47,7 @@ from .children import owner_reference
 from .childrenplan import ChildAction, desired_children, plan_children
 from .classify import Replica, Role
 from .clock import stamp
-from .model import Drain, Observed, Plan, SetPublished
+from .model import Drain, Observed, Plan, SetPublished, Undrain
 from .names import drain_id
 from .pool_status import next_status
 from .rollout import advance_rollout, outdated
@@ -127,7 +127,8 @@ def note_observed_creates(s: Step, op: Operation | None) -> Operation | None:
 
 
 def clean_up_outside_operations(s: Step, op: Operation | None) -> None:
-    """Replace failed and misplaced replicas, delete drained leftovers, unpublish pods deleted by others."""
+    """Replace failed and misplaced replicas, delete drained leftovers, unpublish pods deleted by others,
+    undrain published replicas left draining outside any operation."""
     victims = victim_names(op)
     for r in s.replicas:
         pod = r.pod
@@ -135,6 +136,12 @@ def clean_up_outside_operations(s: Step, op: Operation | None) -> None:
             s.actions.append(SetPublished(pod.name, pod.uid, False))
         if pod.name in victims:
             continue
+        if r.role is Role.SERVING and r.sidecar is not None \
+                and r.sidecar.state in (DrainState.SOFT_DRAIN, DrainState.FENCED):
+            # Published and no victim, yet draining: a victim given back or put back whose undrain
+            # was lost (its operation superseded before it landed). Only the operator's own drain id
+            # is undone; a drain under another (the gateway's preStop) refuses it.
+            s.actions.append(Undrain(pod.name, drain_id(pod.uid)))
         if r.role is Role.FAILED:
             retire_failed(s, r)
         elif r.role is Role.DRAINED:

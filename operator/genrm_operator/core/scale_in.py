@@ -105,8 +105,10 @@ def undrain(s: Step, r: Replica) -> None:
 def keep(s: Step, v: Victim, r: Replica) -> Victim:
     """Keep a victim in the Service, or put it back, while no other replica serves (`advance_victims`).
 
-    Its drain starts over once another one does: the propagation window and the fence are measured
-    from the new unpublish."""
+    Its drain starts over once another one does: the propagation window is measured from the new
+    unpublish. Its fence keeps its clock, less the time it was held (`release`): a survivor whose
+    readiness keeps blipping must not restart the drain for ever, out of reach of
+    ``drain.timeoutSeconds``, nor may a long hold use that time up."""
     if v.held_at is None:
         serving = r.pod.published and (r.sidecar is None or r.sidecar.state == DrainState.SERVING)
         emit(s, EventReason.VICTIM_KEPT_PUBLISHED if serving else EventReason.VICTIM_RESCUED,
@@ -115,11 +117,22 @@ def keep(s: Step, v: Victim, r: Replica) -> Victim:
     pod = r.pod
     undrain(s, r)
     if not pod.published:
-        # Published again at once, beside its undrain, not once Ready as a new replica is: it passed
-        # verification when it first served, and the Service sends it clients only once its
-        # readiness probe passes again, with no round trip of the operator's after that.
-        s.actions.append(SetPublished(pod.name, pod.uid, True))
-    return v.evolve(held_at=v.held_at or stamp(s.now), unpublished_at=None, fenced_at=None)
+        # Published again in the step that decides it, not once Ready as a new replica is: it passed
+        # verification when it first served, and a soft-draining gateway still answers Ready, so the
+        # Service lists it with its label. Its publish waits for the record like its undrain: on a
+        # spec that changed meanwhile the write's Conflict cancels both, never leaving a draining
+        # replica published outside any operation.
+        s.actions.append(SetPublished(pod.name, pod.uid, True, rescue=True))
+    return v.evolve(held_at=v.held_at or stamp(s.now), unpublished_at=None)
+
+
+def release(s: Step, v: Victim) -> Victim:
+    """A held victim's drain goes on (`keep`): its fence clock moves on by the time it was held."""
+    assert v.held_at is not None
+    if v.fenced_at is None:
+        return v.evolve(held_at=None)
+    held = max(0.0, s.now - v.held_at.timestamp())
+    return v.evolve(held_at=None, fenced_at=instant(v.fenced_at.timestamp() + held))
 
 
 def select_victims(s: Step, op: Operation) -> Operation:
@@ -154,7 +167,7 @@ def advance_victims(s: Step, victims: list[Victim],
             phases.append(OperationPhase.UNPUBLISHING)
             continue
         if v.held_at is not None:
-            v = v.evolve(held_at=None)
+            v = release(s, v)
         v, phase, problem = advance_victim(s, v, drain.propagation_seconds, drain.timeout_seconds, drain.on_timeout)
         moved.append(v)
         phases.append(phase)
