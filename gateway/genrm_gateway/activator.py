@@ -13,8 +13,14 @@ Stopping (SIGTERM, `ActivatorServer`) loses nothing: it goes on taking traffic f
 window, while the pools' Services may still send clients here (the operator takes a terminating
 activator out of the pools' slices, then kube-proxy follows), then stops taking it and exits once
 it holds nothing: the operator still follows a terminating activator, so its held requests go to
-the first replica that serves as always. A killed activator (SIGKILL) loses what it held: the
-kernel closes those connections, so their clients learn it at once.
+the first replica that serves as always. Every answer given while stopping closes its connection,
+so no client keeps one to a process about to go. The kubelet kills the pod at its grace period,
+which a cold start (up to the hold timeout) can outlast, so stopping has a deadline
+(``--stop-deadline-seconds``, the grace period less a margin): what is still held then is answered
+``503 draining`` with ``Retry-After`` (nothing was sent to a replica, so a retry never judges twice)
+and no forward starts after it; the margin is what the forwards started before it have to finish. A
+killed activator (SIGKILL) loses what it held: the kernel closes those connections, so their
+clients learn it at once.
 
 Bounded like the gateway, whose connection protocol it runs on its traffic port (head, body and
 connection limits, timers for every idle connection): a pool holds at most ``maxHeld`` requests
@@ -25,6 +31,7 @@ with ``Retry-After``, and a body larger than the gateway's limit is refused befo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import itertools
 import json
@@ -47,7 +54,7 @@ from genrm_contract.sidecar import (
     RefusalReason,
 )
 from pydantic import ValidationError
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from genrm_gateway.body import bounded_body
 from genrm_gateway.config import Limits
@@ -67,6 +74,9 @@ FORWARD_TIMEOUT = httpx.Timeout(900.0, connect=5.0)
 """Connecting to a replica fails fast (another may take the request); its answer may take as long as a
 long judge generation (the replica's gateway bounds the engine's own silences)."""
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+STOP_DEADLINE_SECONDS = 20.0
+"""``--stop-deadline-seconds`` unless given: fits Kubernetes' default grace period (30 s), leaving 10 s
+for the forwards started before the deadline (the chart passes its pods' grace period less a margin)."""
 
 
 def host_key(host: str) -> str:
@@ -94,8 +104,10 @@ class _Pool:
 class Activator:
     """The activator's ASGI app: held traffic on one port, the operator's routes and state on another."""
 
-    def __init__(self, port: int, control_port: int, token: str, limits: Limits) -> None:
+    def __init__(self, port: int, control_port: int, token: str, limits: Limits,
+                 stop_deadline_seconds: float) -> None:
         self.port, self.control_port = port, control_port
+        self._stop_deadline_seconds = stop_deadline_seconds
         self._token = token.encode()
         self.connections = Connections(port, limits, lambda reason: None)
         self._limits = limits
@@ -108,6 +120,14 @@ class Activator:
         self._http: httpx.AsyncClient | None = None
         self._released = asyncio.Event()
         """Set whenever a held request stops being held."""
+        self._stopping = False
+        """SIGTERM came: every traffic answer closes its connection."""
+        self._taking = True
+        """New traffic requests are taken (false once the propagation window of a stop is over)."""
+        self._past_deadline = asyncio.Event()
+        """The stop deadline passed: nothing is held any more and no forward starts."""
+        self._exiting = asyncio.Event()
+        """Nothing is held and the process exits: waiting state polls are answered now."""
 
     @property
     def protocol(self) -> type[GatewayProtocol]:
@@ -132,6 +152,20 @@ class Activator:
         while self.holding():
             self._released.clear()
             await self._released.wait()
+
+    def stop_soon(self) -> None:
+        """SIGTERM came: close every connection after its answer, and arm the stop deadline."""
+        self._stopping = True
+        asyncio.get_running_loop().call_later(self._stop_deadline_seconds, self._past_deadline.set)
+
+    def stop_taking(self) -> None:
+        """The propagation window is over: a new request on a connection still open is refused
+        (retryable), never held, as a new connection now is by the closed listener."""
+        self._taking = False
+
+    def exit(self) -> None:
+        """Nothing is held: answer the operator's waiting state polls now, so none delays the exit."""
+        self._exiting.set()
 
     def set_route(self, key: str, route: PoolRoute) -> None:
         """Serve ``key``'s clients by ``route`` (idempotent); held requests go as soon as it has targets."""
@@ -171,7 +205,7 @@ class Activator:
             if scope["server"][1] == self.control_port:
                 await self._control(scope, receive, send)
             else:
-                await self._traffic(scope, receive, send)
+                await self._traffic(scope, receive, self._closing_when_stopping(send))
         except Refusal as refusal:
             await send_error(send, refusal.code, refusal.reason, str(refusal), refusal.headers)
 
@@ -190,7 +224,21 @@ class Activator:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
+    def _closing_when_stopping(self, send: Send) -> Send:
+        """``send`` adding ``Connection: close`` to an answer that starts once stopping (looked at
+        then, so a request that began before the signal is covered too)."""
+
+        async def closing(message: Message) -> None:
+            if (self._stopping and message["type"] == "http.response.start"
+                    and CLOSE_HEADER not in message["headers"]):
+                message = {**message, "headers": [*message["headers"], CLOSE_HEADER]}
+            await send(message)
+
+        return closing
+
     async def _traffic(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self._taking or self._past_deadline.is_set():
+            raise _stopped("the activator is stopping and takes no new request")
         host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
         key = self._hosts.get(host_key(host))
         if key is None:
@@ -208,6 +256,8 @@ class Activator:
                           ((b"retry-after", b"1"),), close=True)
         if not pool.serving.is_set() and not await self._hold(pool, receive):
             return  # the client left while held: nothing to forward, nothing to answer
+        if self._past_deadline.is_set():
+            raise _stopped("the activator's stop deadline passed before a replica served")
         current = self._pools.get(key)
         if current is None or not current.route.targets:
             raise Refusal(503, RefusalReason.POOL_REMOVED, "the pool's route was removed while the request was held",
@@ -215,25 +265,27 @@ class Activator:
         await self._forward(current, scope, body, send)
 
     async def _hold(self, pool: _Pool, receive: Receive) -> bool:
-        """Wait for a serving replica, within the pool's bounds; False when the client left meanwhile
-        (so a request nobody waits for is never judged, and never counted as held)."""
+        """Wait for a serving replica or the stop deadline, within the pool's bounds; False when the
+        client left meanwhile (so a request nobody waits for is never judged, and never counted as
+        held)."""
         route = pool.route
         if pool.held >= route.max_held:
             raise Refusal(503, RefusalReason.HOLD_QUEUE_FULL, f"{route.max_held} requests are already held for it",
                           ((b"retry-after", b"1"),), close=True)
         pool.held += 1
         serving = asyncio.ensure_future(pool.serving.wait())
+        stopped = asyncio.ensure_future(self._past_deadline.wait())
         gone = asyncio.ensure_future(receive())  # the body is read: only a disconnect comes now
         try:
-            done, _ = await asyncio.wait((serving, gone), timeout=route.hold_timeout_seconds,
+            done, _ = await asyncio.wait((serving, stopped, gone), timeout=route.hold_timeout_seconds,
                                          return_when=asyncio.FIRST_COMPLETED)
         finally:
             pool.held -= 1
             self._released.set()
-            for task in (serving, gone):
+            for task in (serving, stopped, gone):
                 task.cancel()
-        if serving in done:
-            return True
+        if serving in done or stopped in done:
+            return True  # the caller refuses what the deadline stopped
         if gone in done:
             return False
         raise Refusal(503, RefusalReason.HOLD_TIMEOUT, f"no replica served within {route.hold_timeout_seconds:g}s",
@@ -315,27 +367,41 @@ class Activator:
             raise Refusal(400, RefusalReason.BAD_REQUEST, "version and waitSeconds are numbers") from None
         deadline = time.monotonic() + wait
         state = self.state()
-        while version is not None and state.version == version and (left := deadline - time.monotonic()) > 0:
-            await asyncio.sleep(min(WATCH_TICK_SECONDS, left))
+        while (version is not None and state.version == version and not self._exiting.is_set()
+               and (left := deadline - time.monotonic()) > 0):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._exiting.wait(), min(WATCH_TICK_SECONDS, left))
             state = self.state()
-        await send_json(send, 200, json.dumps(state.wire()).encode())
+        await send_json(send, 200, json.dumps(state.wire()).encode(),
+                        (CLOSE_HEADER,) if self._exiting.is_set() else ())
 
 
 class ActivatorServer(StoppingServer):
     """The activator's way of stopping (see the module docstring): traffic for `PROPAGATION_SECONDS`
-    more, then none, and the exit once nothing is held; the control port stays open throughout, so
-    the operator still sees what it holds and tells it where to send it."""
+    more, then none, and the exit once nothing is held (the stop deadline bounds that); the control
+    port stays open throughout, so the operator still sees what it holds and tells it where to send
+    it."""
 
     def __init__(self, config: uvicorn.Config, activator: Activator) -> None:
         super().__init__(config, "genrm-gateway activator")
         self._activator = activator
 
     async def stop(self) -> None:
+        self._activator.stop_soon()
         await asyncio.sleep(PROPAGATION_SECONDS)
+        self._activator.stop_taking()
         for server in self.servers:
             if any(sock.getsockname()[1] == self._activator.port for sock in server.sockets):
                 server.close()
         await self._activator.nothing_held()
+        self._activator.exit()
+
+
+def _stopped(message: str) -> Refusal:
+    """The refusal of a stopping activator: retryable, as nothing was sent to a replica; the retry
+    reaches a replica or the other activator through the Service, which no longer lists this one."""
+    return Refusal(503, RefusalReason.DRAINING, f"{message}; nothing was sent to a replica: retry",
+                   ((b"retry-after", b"1"),), close=True)
 
 
 def _connection_listed(headers: Iterable[tuple[bytes, bytes]]) -> set[bytes]:

@@ -23,7 +23,7 @@ import uvicorn
 from genrm_contract.drained import control_token
 from genrm_contract.sidecar import ENGINE_KEY_ENV
 
-from genrm_gateway.activator import Activator, ActivatorServer
+from genrm_gateway.activator import STOP_DEADLINE_SECONDS, Activator, ActivatorServer
 from genrm_gateway.apikey import checked, read_key_file, write_engine_files
 from genrm_gateway.app import Gateway
 from genrm_gateway.config import EngineAddress, GatewayConfig, Limits
@@ -98,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     activator.add_argument("--control-port", type=int,
                            default=_env("GENRM_ACTIVATOR_CONTROL_PORT", int, DEFAULTS.control_port),
                            help="the operator's routes and the held-request state (control token)")
+    activator.add_argument("--stop-deadline-seconds", type=float,
+                           default=_env("GENRM_ACTIVATOR_STOP_DEADLINE_SECONDS", float, STOP_DEADLINE_SECONDS),
+                           help="after SIGTERM, what is still held this long is answered with a retryable 503 "
+                                "and no forward starts; the pod's grace period less the time its last forwards "
+                                "may take")
     _add_limits(activator)
 
     drain = commands.add_parser("drain", help="drain the local gateway (the preStop hook)")
@@ -173,16 +178,19 @@ def serve(args: argparse.Namespace) -> None:
 
 def activate(args: argparse.Namespace) -> None:
     """Run the activator. On SIGTERM it keeps taking traffic for the propagation window, then stops
-    taking it and exits once it holds nothing (`ActivatorServer`); forwarded answers still streaming
-    then get up to ``GRACEFUL_SHUTDOWN_SECONDS``."""
+    taking it and exits once it holds nothing, or at ``--stop-deadline-seconds`` with what it still
+    holds refused (`ActivatorServer`); forwarded answers still streaming then get up to
+    ``GRACEFUL_SHUTDOWN_SECONDS`` (the kubelet's kill comes first)."""
     if args.port == args.control_port:
         sys.exit("genrm-gateway activator: --port and --control-port must differ")
+    if args.stop_deadline_seconds <= 0:
+        sys.exit("genrm-gateway activator: --stop-deadline-seconds must be positive")
     token = control_token()
     if not token:
         sys.exit("genrm-gateway activator: a control token is required (the operator's routes need it)")
     limits = Limits(**{limit.name: getattr(args, limit.name) for limit in dataclasses.fields(Limits)})
     ensure_open_files(limits.max_connections)
-    app = Activator(args.port, args.control_port, token, limits)
+    app = Activator(args.port, args.control_port, token, limits, args.stop_deadline_seconds)
     server = ActivatorServer(uvicorn.Config(
         app, loop="uvloop", http=app.protocol, ws="none", lifespan="on", log_level="warning", access_log=False,
         server_header=False, proxy_headers=False, timeout_keep_alive=round(limits.keep_alive_seconds),

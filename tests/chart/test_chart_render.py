@@ -87,6 +87,7 @@ def test_template_renders_labelled_objects(render: Render, values: Path | None) 
     ("operator.metricsPort=0", "/operator/metricsPort"),
     ("watchNamespace=Not_A_Namespace", "/watchNamespace"),
     ("metrics.serviceMonitor.interval=often", "/metrics/serviceMonitor/interval"),
+    ("activator.stopMarginSeconds=-1", "/activator/stopMarginSeconds"),
 ])
 def test_values_schema_rejects_mistakes(helm: Path, assignment: str, complaint: str) -> None:
     """helm validates values against values.schema.json on lint, template and install."""
@@ -289,6 +290,20 @@ def test_the_activator_is_two_pods_the_operator_is_pointed_at_with_a_shared_toke
     assert {p["name"] for p in service["spec"]["ports"]} == {"http", "control"}
     assert service["spec"]["selector"] == activator["spec"]["selector"]["matchLabels"]
     assert f"--activator-service=genrm-system/{service['metadata']['name']}" in operator_container(manifests)["args"]
+
+
+def test_the_activators_stop_deadline_is_its_grace_period_less_the_margin(render: Render, helm: Path) -> None:
+    """The kubelet kills a stopping activator at its grace period: the deadline for what it holds comes
+    before, leaving the margin to the forwards already started."""
+    for assignments, grace, deadline in (((), 120, 90),
+                                         (("activator.terminationGracePeriodSeconds=300",
+                                           "activator.stopMarginSeconds=60"), 300, 240)):
+        pod = find(render(set=assignments), "Deployment", "-activator")["spec"]["template"]["spec"]
+        assert pod["terminationGracePeriodSeconds"] == grace
+        assert f"--stop-deadline-seconds={deadline}" in pod["containers"][0]["args"]
+    result = run_helm(helm, "template", str(CHART), "--kube-version", KUBE_VERSION,
+                      "--set", "activator.stopMarginSeconds=120")
+    assert result.returncode != 0 and "stopMarginSeconds must be less than" in result.stderr, result.stderr
 
 
 def test_without_the_activator_the_operator_only_watches_endpointslices(render: Render) -> None:

@@ -9,7 +9,10 @@ through the Service again; a pool's hold queue and hold time are bounded with a 
 gateway untouched; a killed activator's held clients see their connection end without an answer
 (what the docs promise them); a stopping one (SIGTERM) takes traffic for the propagation window,
 then refuses new connections, keeps its control port and what it holds until a route releases it,
-and exits once it holds nothing.
+and exits once it holds nothing; at its stop deadline what it still holds gets a retryable 503
+(``draining``, ``Retry-After``, ``Connection: close``); while stopping every answer closes its
+connection, a request on a kept-alive connection after the window is refused, not held, and the
+operator's waiting state poll never delays the exit.
 """
 
 from __future__ import annotations
@@ -255,3 +258,97 @@ def test_the_state_version_grows_when_the_held_count_falls_too() -> None:
         version = int(state(act)["version"])  # type: ignore[call-overload]
         sender.join()
         assert state(act, version=version, wait=5)["held"] == {}, "the operator hears that nothing is held"
+
+
+def _exchange(sock: socket.socket, request: bytes) -> tuple[bytes, bytes]:
+    """Send one request on ``sock`` and read its answer: (head, body), the body by its Content-Length."""
+    sock.sendall(request)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536) or b"<eof>"
+        assert not data.endswith(b"<eof>"), data
+    head, _, body = data.partition(b"\r\n\r\n")
+    fields = head.lower().split(b"\r\n")
+    length = next(int(line.split(b":")[1]) for line in fields if line.startswith(b"content-length:"))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head.lower(), body
+
+
+def _post(path: str, body: bytes) -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: {HOST}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n").encode() + body
+
+
+def _listener_closed(act: RunningGateway) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", act.port), timeout=1).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def test_at_the_stop_deadline_what_is_still_held_gets_a_retryable_503_and_the_activator_exits() -> None:
+    deadline = PROPAGATION_SECONDS + 2.0
+    with run_activator(f"--stop-deadline-seconds={deadline}") as act:
+        route(act, [])  # a cold start that outlasts the deadline: no replica ever serves
+        results: list[httpx.Response | Exception] = []
+        sender = threading.Thread(target=lambda: results.extend(_send_all(act.url, 1)))
+        sender.start()
+        wait_held(act, {"rl/judge": 1})
+        act.process.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        sender.join()
+        answered = time.monotonic() - signalled
+        [held] = results
+        assert isinstance(held, httpx.Response), held
+        assert (held.status_code, held.json()["error"]["reason"]) == (503, "draining"), held.text
+        assert held.headers["retry-after"] and held.headers["connection"] == "close"
+        assert deadline - 0.5 <= answered <= deadline + 2, answered
+        assert act.process.wait(3) == 0, "nothing held any more: it exits at once"
+
+
+def test_a_stopping_activator_closes_every_answer_and_refuses_kept_alive_requests_after_the_window() -> None:
+    hint = _post(DEMAND_PATH, b'{"id": "p", "requests": 1, "forSeconds": 60}')
+    with run_activator(f"--stop-deadline-seconds={PROPAGATION_SECONDS + 3}") as act, \
+            socket.create_connection(("127.0.0.1", act.port)) as early, \
+            socket.create_connection(("127.0.0.1", act.port)) as kept:
+        route(act, [])
+        for sock in (early, kept):
+            head, _ = _exchange(sock, hint)
+            assert head.startswith(b"http/1.1 202") and b"connection: close" not in head, head
+        results: list[httpx.Response | Exception] = []
+        sender = threading.Thread(target=lambda: results.extend(_send_all(act.url, 1)))
+        sender.start()
+        wait_held(act, {"rl/judge": 1})  # keeps the stopping activator running past the window
+        act.process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)  # the signal handled, the window not over
+        head, _ = _exchange(early, hint)
+        assert head.startswith(b"http/1.1 202") and b"connection: close" in head, "within the window: closed after"
+        wait_for("the traffic port to stop taking connections", lambda: _listener_closed(act),
+                 PROPAGATION_SECONDS + 5, interval=0.2)
+        head, body = _exchange(kept, _post("/generate", b'{"text": "late"}'))
+        assert head.startswith(b"http/1.1 503") and b"retry-after: 1" in head and b"connection: close" in head, head
+        assert b"draining" in body, body
+        assert state(act)["held"] == {"rl/judge": 1}, "refused, never held"
+        sender.join()
+        assert act.process.wait(5) == 0
+
+
+def test_the_operators_waiting_state_poll_never_delays_a_stopping_activators_exit() -> None:
+    with run_activator() as act:
+        route(act, [])
+        version = int(state(act)["version"])  # type: ignore[call-overload]
+        polled: list[float] = []
+
+        def poll() -> None:
+            state(act, version=version, wait=30)
+            polled.append(time.monotonic())
+        poller = threading.Thread(target=poll)
+        poller.start()
+        time.sleep(0.3)
+        act.process.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        assert act.process.wait(PROPAGATION_SECONDS + 5) == 0
+        poller.join()
+        assert polled and polled[0] - signalled < PROPAGATION_SECONDS + 2, "the poll is answered at the exit"
