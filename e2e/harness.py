@@ -51,6 +51,8 @@ TALLY = Tally()
 class SoakFigures:
     """What the soak did and found, for its closing `soak-summary` line."""
 
+    seed: int
+    """`GENRM_SOAK_SEED` that repeats the run's plan."""
     requests: int
     failed: int
     scale_changes: int
@@ -70,8 +72,8 @@ class SoakFigures:
     lost_other: int
 
     def line(self) -> str:
-        return (f"soak-summary: requests={self.requests} failed={self.failed} scale_changes={self.scale_changes} "
-                f"rollouts={self.rollouts} "
+        return (f"soak-summary: seed={self.seed} requests={self.requests} failed={self.failed} "
+                f"scale_changes={self.scale_changes} rollouts={self.rollouts} "
                 f"operator_kills={self.operator_kills} engine_kills={self.engine_kills} "
                 f"violations={self.violations} converge_s={self.converge_s:.1f} "
                 f"empty_service_moments={self.empty_service_moments} empty_service_s={self.empty_service_s:.1f} "

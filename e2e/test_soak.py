@@ -362,6 +362,7 @@ def test_soak_random_scaling_operator_kills_and_engine_crashes_lose_nothing(
                        f"{crash.serving} serving): {f}"
                        for f in ended]
     SOAK.figures = SoakFigures(
+        seed=seed,
         requests=plain.stats.total_sent, failed=plain.stats.failed, scale_changes=scale_changes, rollouts=rollouts,
         operator_kills=kill_count, engine_kills=len(crashes), violations=len(monitor.violations),
         converge_s=converge_s, empty_service_moments=len(moments),
