@@ -13,8 +13,10 @@ holds is released by them).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -45,13 +47,24 @@ async def until(condition: Any, seconds: float = 10.0) -> None:
         await asyncio.sleep(0.05)
 
 
+@contextlib.asynccontextmanager
+async def following(kube: FakeKube) -> AsyncIterator[tuple[ActivatorFleet, list[str | None]]]:
+    """A running fleet over ``kube``'s slice and the pools it woke, once it has seen its first state
+    (a new boot id, every pool woken)."""
+    woken: list[str | None] = []
+    fleet = ActivatorFleet(kube, "genrm-system", "activator", CONTROL_TOKEN, woken.append)  # type: ignore[arg-type]
+    running = asyncio.ensure_future(fleet.run())
+    try:
+        await until(lambda: None in woken)
+        yield fleet, woken
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+
+
 async def test_the_fleet_follows_the_activators_and_stands_them_in_only_with_the_route() -> None:
     with run_activator() as act:
-        woken: list[str | None] = []
-        fleet = ActivatorFleet(FakeKube(act), "genrm-system", "activator", CONTROL_TOKEN, woken.append)  # type: ignore[arg-type]
-        running = asyncio.ensure_future(fleet.run())
-        try:
-            await until(lambda: None in woken)  # its first state: a new boot id, every pool woken
+        async with following(FakeKube(act)) as (fleet, woken):
             assert fleet.view("rl/judge").addresses == (), "no route yet: it would answer 404"
             await fleet.push("rl/judge", ROUTE)
             assert fleet.view("rl/judge").addresses == ("127.0.0.1",) and fleet.view("rl/judge").port == act.port
@@ -73,19 +86,12 @@ async def test_the_fleet_follows_the_activators_and_stands_them_in_only_with_the
             thread.join(10)
             assert sent and sent[0].status_code == 503, "the route was removed while it was held"
             assert fleet.view("rl/judge").addresses == ()
-        finally:
-            running.cancel()
-            await asyncio.gather(running, return_exceptions=True)
 
 
 async def test_a_restarted_activator_is_dropped_from_every_pool_until_told_again() -> None:
     with run_activator() as first:
         kube = FakeKube(first)
-        woken: list[str | None] = []
-        fleet = ActivatorFleet(kube, "genrm-system", "activator", CONTROL_TOKEN, woken.append)  # type: ignore[arg-type]
-        running = asyncio.ensure_future(fleet.run())
-        try:
-            await until(lambda: None in woken)
+        async with following(kube) as (fleet, woken):
             await fleet.push("rl/judge", ROUTE)
             assert fleet.view("rl/judge").addresses == ("127.0.0.1",)
             first.process.kill()
@@ -96,19 +102,12 @@ async def test_a_restarted_activator_is_dropped_from_every_pool_until_told_again
                 await until(lambda: None in woken and fleet.view("rl/judge").addresses == (), 15)
                 await fleet.push("rl/judge", ROUTE)
                 assert fleet.view("rl/judge").addresses == ("127.0.0.1",)
-        finally:
-            running.cancel()
-            await asyncio.gather(running, return_exceptions=True)
 
 
 async def test_a_terminating_activator_stands_in_for_no_pool_but_is_still_followed_and_told_the_routes() -> None:
     with run_activator() as act:
         kube = FakeKube(act)
-        woken: list[str | None] = []
-        fleet = ActivatorFleet(kube, "genrm-system", "activator", CONTROL_TOKEN, woken.append)  # type: ignore[arg-type]
-        running = asyncio.ensure_future(fleet.run())
-        try:
-            await until(lambda: None in woken)
+        async with following(kube) as (fleet, woken):
             await fleet.push("rl/judge", ROUTE)
             sent: list[httpx.Response] = []
             thread = threading.Thread(target=lambda: sent.append(httpx.post(
@@ -123,6 +122,3 @@ async def test_a_terminating_activator_stands_in_for_no_pool_but_is_still_follow
             await fleet.push("rl/judge", None)
             thread.join(10)
             assert sent and sent[0].status_code == 503, "the route change reached it"
-        finally:
-            running.cancel()
-            await asyncio.gather(running, return_exceptions=True)
