@@ -17,7 +17,8 @@ Every second a monitor checks the invariants:
 * pods holding GPUs (every pod of the pool, Terminating ones included, failed ones excepted)
   stay within the bound of `core/reconcile.py`: at most the largest target of the last
   `TARGET_WINDOW_SECONDS` (the operator acts on what it saw a moment ago) or the previous count,
-  plus the rollout's surge (`maxSurge`, 1) while one runs or was asked for in that window;
+  plus the rollout's surge (`maxSurge`, 1) while its work is left (a Rollout runs, replicas of two
+  revisions are left) or one was asked for in that window;
 * every published pod passed verification, and is ready (unready for at most
   `UNREADY_GRACE_SECONDS`: an engine crash makes it unready before the operator unpublishes it);
 * every pod is controlled by the pool;
@@ -143,10 +144,13 @@ class Monitor:
         self.targets.append((time.monotonic(), target))
 
     def surge(self, now: float) -> int:
-        """The rollout's surge while one runs (the pool's operation) or was asked for in the window."""
-        operation = (self.cluster.pool(self.namespace, POOL).get("status") or {}).get("operation") or {}
+        """The rollout's surge while its work is left: a Rollout runs, replicas of two revisions are
+        left (a scale that superseded a rollout carries its surge replica on), or one was asked for
+        in the window."""
+        status = self.cluster.pool(self.namespace, POOL).get("status") or {}
+        mixed = status.get("currentRevision") != status.get("updateRevision")
         asked = any(now - at < TARGET_WINDOW_SECONDS for at in self.rolled)
-        return MAX_SURGE if asked or operation.get("type") == "Rollout" else 0
+        return MAX_SURGE if asked or mixed or (status.get("operation") or {}).get("type") == "Rollout" else 0
 
     def bound(self, now: float) -> int:
         while len(self.targets) > 1 and self.targets[1][0] < now - TARGET_WINDOW_SECONDS:
