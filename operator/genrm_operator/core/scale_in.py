@@ -97,7 +97,8 @@ def victim_progress(s: Step, v: Victim) -> int:
 
 
 def undrain(s: Step, r: Replica) -> None:
-    """Undrain a victim's draining sidecar: it admits again, and becomes Ready at its next probe."""
+    """Undrain a victim's draining sidecar: it admits again (a soft-drained one never stopped, and was
+    Ready throughout; a fenced one turns Ready at its next probe)."""
     if r.sidecar is not None and r.sidecar.state in (DrainState.SOFT_DRAIN, DrainState.FENCED):
         s.actions.append(Undrain(r.pod.name, drain_id(r.pod.uid)))
 
