@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -38,7 +38,8 @@ class LocalCluster:
 
     `crds` (YAML files) are installed before the controller manager starts (controlplane.py says
     why). `workdir` defaults to a fresh dir under /dev/shm and is removed on exit unless `keep_workdir`
-    (or env GENRM_KEEP_WORKDIR=1) is set, so logs can be inspected after a failure.
+    (or env GENRM_KEEP_WORKDIR=1) is set, so logs can be inspected after a failure. `images` maps an
+    image name to a directory whose `bin` its containers find first on PATH (podspec.py).
     """
 
     def __init__(
@@ -51,6 +52,7 @@ class LocalCluster:
         crds: Sequence[Path] = (),
         hollow: bool = False,
         apiserver_args: Sequence[str] = (),
+        images: Mapping[str, Path] | None = None,
     ) -> None:
         base = "/dev/shm" if Path("/dev/shm").is_dir() else None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="genrm-cluster-", dir=base))
@@ -61,6 +63,7 @@ class LocalCluster:
                                         hollow=hollow) for i in range(nodes)]
         self.network = PodNetwork()
         self.crds = tuple(crds)
+        self.images = dict(images or {})
         self._agent: NodeAgent | None = None
         self._proxy: ServiceProxy | None = None
 
@@ -115,7 +118,7 @@ class LocalCluster:
             self.network.setup()
             self.control_plane.start(self.network.service_cidr, self.crds)
             log.info("control plane up; kubeconfig %s", self.kubeconfig)
-            self._agent = NodeAgent(self.api, self.node_configs, self.workdir, self.network)
+            self._agent = NodeAgent(self.api, self.node_configs, self.workdir, self.network, self.images)
             self._agent.start()
             assert self.network.router is not None
             self._proxy = ServiceProxy(

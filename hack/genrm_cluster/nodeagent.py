@@ -21,6 +21,7 @@ import datetime
 import logging
 import platform
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,8 +61,10 @@ def _micro_now() -> str:
 class NodeAgent:
     """Registers `nodes` and runs the pods bound to them until `stop()`."""
 
-    def __init__(self, api: KubeAPI, nodes: list[NodeConfig], workdir: Path, network: PodNetwork) -> None:
+    def __init__(self, api: KubeAPI, nodes: list[NodeConfig], workdir: Path, network: PodNetwork,
+                 images: Mapping[str, Path] | None = None) -> None:
         self.api = api
+        self.images = dict(images or {})
         self.nodes = {n.name: n for n in nodes}
         self.workdir = workdir
         self.network = network
@@ -237,7 +240,7 @@ class NodeAgent:
             hollow.start()
             return hollow
         pod_dir = self.workdir / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
-        runner = PodRunner(self.api, pod, self.network, pod_dir, self._report_status)
+        runner = PodRunner(self.api, pod, self.network, pod_dir, self._report_status, self.images)
         self.runners[meta["uid"]] = runner
         log.info("pod %s/%s: starting on %s, logs in %s", meta["namespace"], meta["name"],
                  pod["spec"]["nodeName"], pod_dir / "logs")

@@ -22,7 +22,7 @@ import logging
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,8 +161,9 @@ class PodRunner:
     """Owns one pod: its namespace, files, processes, probes and status. See module docstring."""
 
     def __init__(self, api: KubeAPI, pod: JSON, network: PodNetwork, pod_dir: Path,
-                 on_status: StatusSink) -> None:
+                 on_status: StatusSink, images: Mapping[str, Path] | None = None) -> None:
         self.api = api
+        self.images = images
         self.pod = pod
         self.network = network
         self.pod_dir = pod_dir
@@ -234,7 +235,7 @@ class PodRunner:
     def _prepare(self) -> None:
         """Network first (the pod IP feeds the downward API), then volumes (retried while missing)."""
         self.netns = self.network.add_pod()
-        self.files = PodFiles(self.api, self.pod, self.pod_dir, self.netns.ip, self.network.host_ip)
+        self.files = PodFiles(self.api, self.pod, self.pod_dir, self.netns.ip, self.network.host_ip, self.images)
         for c in self.containers:
             log.info("pod %s container %s log: %s", self.key, c.name, c.log_path)
         while not (self._kill or self._terminate_grace is not None):

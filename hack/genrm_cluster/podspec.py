@@ -15,6 +15,10 @@ process. Volumes are materialised as directories of a per-pod dir; the container
   spec.serviceAccountName, status.podIP/podIPs/hostIP), and `envFrom`; plus PATH (the project's
   virtualenv first, so `genrm-sim`/`genrm-gateway` resolve), HOME and TMPDIR in the pod dir,
   HOSTNAME = pod name and GENRM_POD_DIR. The agent's own environment is not inherited.
+* Images: a container whose `image` the cluster was given a root directory for (`images`, e.g.
+  SGLang's image mapped to an installed environment of SGLang) gets that root's `bin` first on PATH,
+  so its `python3` is the image's; any other image is ignored.
+* hostPath volumes are the host directory itself (a model directory on the node, as on a real one).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import base64
 import os
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from genrm_cluster.kubeapi import JSON, ApiError, KubeAPI
@@ -81,8 +86,10 @@ def field_value(pod: JSON, path: str, pod_ip: str, host_ip: str) -> str:
 class PodFiles:
     """Materialises a pod's volumes under `pod_dir` and resolves its containers' env and argv."""
 
-    def __init__(self, api: KubeAPI, pod: JSON, pod_dir: Path, pod_ip: str, host_ip: str) -> None:
+    def __init__(self, api: KubeAPI, pod: JSON, pod_dir: Path, pod_ip: str, host_ip: str,
+                 images: Mapping[str, Path] | None = None) -> None:
         self.api = api
+        self.images = dict(images or {})
         self.pod = pod
         self.pod_dir = pod_dir
         self.pod_ip = pod_ip
@@ -93,6 +100,9 @@ class PodFiles:
     def materialise_volumes(self) -> None:
         """Write every volume's content into `<pod_dir>/volumes/<name>/`."""
         for volume in self.pod["spec"].get("volumes") or []:
+            if "hostPath" in volume:
+                self.volume_dirs[volume["name"]] = Path(volume["hostPath"]["path"])
+                continue
             target = self.pod_dir / "volumes" / volume["name"]
             target.mkdir(parents=True, exist_ok=True)
             self.volume_dirs[volume["name"]] = target
@@ -109,7 +119,7 @@ class PodFiles:
                     self._write_projection(target, source, volume["projected"].get("defaultMode"))
             elif "emptyDir" not in volume:
                 raise ConfigError(f"volume {volume['name']}: only secret, configMap, emptyDir, "
-                                  "downwardAPI and projected volumes are supported")
+                                  "downwardAPI, projected and hostPath volumes are supported")
 
     def _write_object(self, target: Path, kind: str, name: str, src: JSON,
                       default_mode: int | None = None) -> None:
@@ -171,6 +181,9 @@ class PodFiles:
     def env(self, container: JSON) -> dict[str, str]:
         """The container's environment, see the module docstring."""
         venv_bin = str(Path(sys.executable).parent)
+        image_root = self.images.get(container.get("image", ""))
+        if image_root is not None:
+            venv_bin = f"{image_root / 'bin'}:{venv_bin}"
         home = self.pod_dir / "home"
         (home / "tmp").mkdir(parents=True, exist_ok=True)
         env = {

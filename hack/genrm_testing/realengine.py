@@ -1,0 +1,145 @@
+"""The real engine on this machine: SGLang 0.5.23 on CPU with a tiny local model, for the real-engine lane.
+
+Why one module: the lane's cluster tests, the simulator's differential test, ``make dev ENGINE=sglang``
+and the gateway benchmark all need the same three things, made once and cached outside the checkout:
+the engine's environment (``hack/engine-env.sh``, 7 GB), the CPU stand-in for ``sgl_kernel``
+(``hack/sglang_engine/sgl_kernel``, copied into that environment so it behaves as a CPU image of
+SGLang would) and the tiny models (``hack/sglang_engine/tiny_model.py``). And the same flags: the
+ones SGLang needs on a CPU without AMX, given the way a user of the operator would give them.
+
+A failure to install is an error with SGLang's or pip's own words, never a skip: the lane exists to
+prove things against the real engine.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from genrm_testing import free_port, wait_ready
+
+HERE = Path(__file__).resolve().parent.parent / "sglang_engine"
+ENV_SCRIPT = HERE.parent / "engine-env.sh"
+SHIM = HERE / "sgl_kernel"
+MODEL_MAKER = HERE / "tiny_model.py"
+
+IMAGE = "lmsysorg/sglang:v0.5.23"
+"""The engine image the operator's pods name by default; the local cluster maps it to the environment."""
+
+SERVED_NAME = "tiny-judge"
+MODEL_SEEDS = {"tiny-judge": 0, "tiny-judge-other": 1}
+"""Two models of one shape: the second has other weights (a verification must tell them apart)."""
+
+CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+"""SGLang's switch to its CPU engine; the model is local, so no hub is ever asked."""
+
+CPU_ARGS = (
+    "--device", "cpu", "--attention-backend", "torch_native",
+    "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled",
+    "--max-total-tokens", "16384", "--sleep-on-idle",
+)
+"""SGLang's flags for a CPU without AMX (its default attention backend needs AMX); ``--sleep-on-idle``
+because an idle scheduler otherwise busy-polls a whole core of the machine's two."""
+
+SIGTERM_GRACE_SECONDS = 20.0
+"""SGLang's process group outlives a SIGTERM by 10-12 s here; past this it is killed."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("GENRM_CACHE", Path.home() / ".cache" / "genrm-operator"))
+
+
+def environment() -> Path:
+    """The engine's environment (installed on first use; minutes), with the stand-in in place."""
+    done = subprocess.run([str(ENV_SCRIPT)], stdout=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the real engine's environment did not install ({ENV_SCRIPT} exit "
+                           f"{done.returncode}; its log is above): the real-engine lane cannot run")
+    env = Path(done.stdout.strip())
+    _install_shim(env)
+    return env
+
+
+def _install_shim(env: Path) -> None:
+    """Copy the stand-in into the environment's site-packages when it differs (so edits reach it)."""
+    site = next(env.glob("lib/python3*/site-packages"))
+    target = site / "sgl_kernel"
+    source = SHIM / "__init__.py"
+    if (target / "__init__.py").is_file() and filecmp.cmp(source, target / "__init__.py", shallow=False):
+        return
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    shutil.copy2(source, target / "__init__.py")
+
+
+def models(env: Path) -> Path:
+    """The directory holding the tiny models (one sub-directory per name in ``MODEL_SEEDS``)."""
+    key = hashlib.sha1(MODEL_MAKER.read_bytes()).hexdigest()[:10]
+    root = cache_root() / "engine" / f"models-{key}"
+    for name, seed in MODEL_SEEDS.items():
+        if not (root / name / "config.json").is_file():
+            subprocess.run([str(env / "bin" / "python"), str(MODEL_MAKER), str(root / name), "--seed", str(seed)],
+                           check=True, env=_clean_env(), stdout=subprocess.DEVNULL)
+    return root
+
+
+def _clean_env() -> dict[str, str]:
+    """The caller's environment without the project's virtualenv on PATH (the engine has its own)."""
+    return {**{k: v for k, v in os.environ.items() if k not in {"VIRTUAL_ENV", "PYTHONPATH"}}, **CPU_ENV}
+
+
+@dataclass(frozen=True)
+class RunningEngine:
+    process: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@contextmanager
+def run_engine(log: Path, *args: str, model: str = "tiny-judge", ready_seconds: float = 180.0
+               ) -> Iterator[RunningEngine]:
+    """``python -m sglang.launch_server`` of ``model`` on a free loopback port, as its own process group,
+    yielded once ``/health_generate`` answers; SIGTERM on exit, SIGKILL after ``SIGTERM_GRACE_SECONDS``."""
+    env = environment()
+    port = free_port()
+    command = [str(env / "bin" / "python"), "-m", "sglang.launch_server",
+               "--model-path", str(models(env) / model), "--served-model-name", SERVED_NAME,
+               "--host", "127.0.0.1", "--port", str(port), "--random-seed", "0", "--enable-metrics",
+               *CPU_ARGS, *args]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(command, env=_clean_env(), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    running = RunningEngine(proc, port, log)
+    try:
+        wait_ready(f"{running.url}/health_generate", seconds=ready_seconds)
+        yield running
+    finally:
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen[bytes], grace: float = SIGTERM_GRACE_SECONDS) -> None:
+    """SIGTERM the engine's process group, SIGKILL what is left after ``grace``."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
