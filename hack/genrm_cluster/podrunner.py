@@ -10,7 +10,8 @@ restart policies with exponential back-off (1 s doubling to 20 s, shorter than t
 10 s-300 s so tests stay fast; reset after 60 s of running) and `restartCount`; startup, readiness
 and liveness probes (a liveness or startup failure restarts the container); on deletion each
 container's preStop (exec in the pod's namespace with the container's env, httpGet or sleep), then
-SIGTERM, then SIGKILL when the grace period is used up. Container output is appended to
+SIGTERM to the container's first process, then SIGKILL to all of its processes when that one exits or
+the grace period is used up. Container output is appended to
 `<pod dir>/logs/<container>.log` across restarts.
 """
 
@@ -305,7 +306,7 @@ class PodRunner:
                 continue
             if state.failed and kind != "readinessProbe" and c.proc is not None:
                 log.info("pod %s container %s: %s failed, restarting", self.key, c.name, kind)
-                procutil.stop_group(c.proc, grace_seconds=self._grace())
+                procutil.stop_container(c.proc, grace_seconds=self._grace())
                 return
 
     def _exec(self, c: Container, argv: list[str], timeout: float) -> int:
@@ -390,7 +391,7 @@ class PodRunner:
         assert c.proc is not None
         if hooks:
             self._pre_stop(c, deadline)
-        code = procutil.stop_group(c.proc, grace_seconds=max(0.0, deadline - time.monotonic()))
+        code = procutil.stop_container(c.proc, grace_seconds=max(0.0, deadline - time.monotonic()))
         c.state, c.done = {"terminated": c.terminated(code)}, True
 
     def _pre_stop(self, c: Container, deadline: float) -> None:

@@ -68,3 +68,23 @@ def stop_group(proc: subprocess.Popen[bytes], grace_seconds: float) -> int:
         time.sleep(0.05)
     signal_group(proc, signal.SIGKILL)
     return proc.wait()
+
+
+def stop_container(proc: subprocess.Popen[bytes], grace_seconds: float) -> int:
+    """Stop a container as a container runtime does: SIGTERM to its first process only, and SIGKILL to
+    whatever is left once that process exits or ``grace_seconds`` pass.
+
+    Why not the whole group: a runtime signals PID 1 of the container, and a server that forks its own
+    workers (SGLang's scheduler and detokenizer) shuts them down itself; signalling them too makes it
+    see its children die and take its crash path instead. Returns the first process's exit code.
+    """
+    try:
+        proc.send_signal(signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(grace_seconds)
+    except subprocess.TimeoutExpired:
+        pass
+    signal_group(proc, signal.SIGKILL)
+    return proc.wait()

@@ -1,0 +1,66 @@
+"""The real-engine lane's pool manifest and its closing figures.
+
+A real-engine pool is what a user running SGLang on CPU would write: the default engine image and
+launcher, SGLang's CPU switches through `spec.engine.env` and `spec.engine.extraArgs`, the model from a
+hostPath volume, and greedy verification (SGLang refuses deterministic inference on its CPU attention
+backend, and ignores a request's sampling seed without it).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from genrm_testing import realengine
+
+MODELS_MOUNT = "/models"
+
+
+@dataclass
+class LaneFigures:
+    """Figures of the closing `real-engine-summary` line."""
+
+    replicas: int = 0
+    """Real engine replicas the lane's pools started."""
+    requests: int = 0
+    failed: int = 0
+    verified: int = 0
+    """Replicas the operator verified against a serving real one and published."""
+    differences_listed: int = 0
+    unlisted_differences: int = 0
+
+    def line(self) -> str:
+        return (f"real-engine-summary: replicas={self.replicas} requests={self.requests} failed={self.failed} "
+                f"verified={self.verified} differences_listed={self.differences_listed} "
+                f"unlisted_differences={self.unlisted_differences}")
+
+
+LANE = LaneFigures()
+
+
+def real_pool_manifest(name: str, namespace: str, models: Path, replicas: int = 1, model: str = "tiny-judge",
+                       **spec: Any) -> str:
+    """A pool of real SGLang replicas of a tiny model on CPU, with the lane's short drain windows."""
+    engine: dict[str, Any] = {
+        "deterministic": False,
+        "env": [{"name": k, "value": v} for k, v in realengine.CPU_ENV.items()],
+        "extraArgs": list(realengine.CPU_ARGS),
+        "startupTimeoutSeconds": 300,
+    }
+    engine.update(spec.pop("engine", {}))
+    template = {
+        "volumes": [{"name": "models", "hostPath": {"path": str(models), "type": "Directory"}}],
+        "volumeMounts": [{"name": "models", "mountPath": MODELS_MOUNT, "readOnly": True}],
+    }
+    body = {
+        "apiVersion": "genrm.io/v1alpha1", "kind": "GenRMPool",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"replicas": replicas,
+                 "model": {"path": f"{MODELS_MOUNT}/{model}", "servedName": realengine.SERVED_NAME},
+                 "engine": engine, "template": template,
+                 "verification": {"enabled": False},
+                 "drain": {"propagationSeconds": 2, "quietSeconds": 1, "timeoutSeconds": 120}, **spec},
+    }
+    return json.dumps(body)
