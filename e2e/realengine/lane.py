@@ -9,6 +9,8 @@ backend, and ignores a request's sampling seed without it).
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,3 +66,15 @@ def real_pool_manifest(name: str, namespace: str, models: Path, replicas: int = 
                  "drain": {"propagationSeconds": 2, "quietSeconds": 1, "timeoutSeconds": 120}, **spec},
     }
     return json.dumps(body)
+
+
+def in_pod(pid: int, url: str, timeout: float = 10.0) -> str:
+    """GET ``url`` from inside the network namespace of process ``pid`` (a container's): the engine
+    binds the pod's loopback only, so its own view (``/metrics``, ``/v1/loads``) is read there."""
+    fetch = ("import sys, urllib.request; "
+             "print(urllib.request.urlopen(sys.argv[1], timeout=float(sys.argv[2])).read().decode())")
+    done = subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", sys.executable, "-c", fetch, url, str(timeout)],
+                          capture_output=True, text=True, timeout=timeout + 5)
+    if done.returncode != 0:
+        raise AssertionError(f"GET {url} in the namespace of {pid} failed: {done.stderr[-400:]}")
+    return done.stdout

@@ -1,16 +1,233 @@
-"""Real SGLang replicas publish, serve unmodified clients through the ClusterIP, and scale."""
+"""One pool of real SGLang replicas, through its life: load, disconnects, scaling under load, faults.
+
+The tests run in order on one pool (each real replica costs ~40 s of a core to start, so the lane
+shares them): what the gateway reports as the engine's load is what SGLang itself reports; a client
+that disconnects aborts its own request in SGLang and no other; a scale 1 -> 2 -> 1 under unmodified
+clients with long generations in flight loses nothing (the drain waits for SGLang to be idle); a
+SIGKILLed engine comes back and serves; a deleted pod is drained, and SGLang stops within the shutdown
+slack the operator gives it.
+"""
 
 from __future__ import annotations
 
+import datetime
+import json
+import os
+import re
+import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from ..harness import Cluster, OperatorProcess
-from .lane import real_pool_manifest
+import httpx
+import pytest
+from genrm_operator.core.children import SHUTDOWN_SLACK_SECONDS
+
+from ..harness import Cluster, OperatorProcess, account_plain, plain_report, wait_for
+from ..test_soak import CONTROL_PORT, engine_pid
+from .lane import LANE, in_pod, real_pool_manifest
+
+pytestmark = pytest.mark.timeout(600)
+
+NAMESPACE = "real-serving"
+POOL = "judge"
+ENGINE = "http://127.0.0.1:30000"
+"""spec.engine.port's default; the engine binds the pod's loopback."""
+LONG_TOKENS = 600
+"""A generation of ~3-5 s on this machine: long enough to be in flight while something happens."""
 
 
-def test_a_real_replica_publishes_and_answers(cluster: Cluster, operator: OperatorProcess, namespace: str,
-                                              models: Path) -> None:
-    cluster.kubectl("apply", "-f", "-", input=real_pool_manifest("judge", namespace, models))
-    cluster.wait_serving(namespace, "judge", 1, timeout=240)
-    plain = cluster.plain_clients(namespace, "judge")
-    print(plain)
+@pytest.fixture(scope="module")
+def pool(cluster: Cluster, operator: OperatorProcess, models: Path) -> Iterator[str]:
+    """The module's pool of one real replica, with SGLang logging each finished request."""
+    cluster.kubectl("create", "namespace", NAMESPACE)
+    manifest = real_pool_manifest(POOL, NAMESPACE, models, engine={"extraArgs": [
+        *json.loads(real_pool_manifest(POOL, NAMESPACE, models))["spec"]["engine"]["extraArgs"],
+        "--log-requests", "--log-requests-level", "2"]})
+    cluster.kubectl("apply", "-f", "-", input=manifest)
+    cluster.wait_serving(NAMESPACE, POOL, 1, timeout=300)
+    LANE.replicas += 1
+    yield NAMESPACE
+    cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+
+
+def live_pods(cluster: Cluster) -> list[dict[str, Any]]:
+    return [p for p in cluster.pods(NAMESPACE, POOL) if not p["metadata"].get("deletionTimestamp")]
+
+
+def the_pod(cluster: Cluster) -> dict[str, Any]:
+    pods = live_pods(cluster)
+    assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
+    return pods[0]
+
+
+def engine_series(pid: int, name: str) -> float:
+    """One of SGLang's own series, summed over its label sets, read inside the pod."""
+    total = 0.0
+    for line in in_pod(pid, f"{ENGINE}/metrics").splitlines():
+        if line.startswith(name) and (line[len(name)] in " {"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def gateway_series(ip: str, name: str) -> float | None:
+    text = httpx.get(f"http://{ip}:{CONTROL_PORT}/metrics", timeout=5).text
+    match = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)
+    return float(match.group(1)) if match else None
+
+
+class LongStreams:
+    """Streamed native generations of ``LONG_TOKENS`` through the Service, each on its own connection,
+    with the client's own request id (so SGLang's log names it)."""
+
+    def __init__(self, url: str, rids: list[str]) -> None:
+        self.url, self.rids = url, rids
+        self.tokens: dict[str, int] = {}
+        self.errors: dict[str, str] = {}
+        self.started = threading.Barrier(len(rids) + 1)
+        self.cut: dict[str, threading.Event] = {rid: threading.Event() for rid in rids}
+        self.threads = [threading.Thread(target=self._run, args=(rid,), daemon=True) for rid in rids]
+
+    def __enter__(self) -> LongStreams:
+        for t in self.threads:
+            t.start()
+        self.started.wait(60)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for event in self.cut.values():
+            event.set()
+        for t in self.threads:
+            t.join(60)
+
+    def join(self, timeout: float = 60.0) -> None:
+        for t in self.threads:
+            t.join(timeout)
+
+    def _run(self, rid: str) -> None:
+        body = {"text": f"Judge request {rid}.", "rid": rid, "stream": True,
+                "sampling_params": {"max_new_tokens": LONG_TOKENS, "temperature": 0, "ignore_eos": True}}
+        first = True
+        try:
+            with httpx.Client(timeout=60) as client, client.stream("POST", f"{self.url}/generate", json=body) as answer:
+                if answer.status_code != 200:
+                    self.errors[rid] = f"HTTP {answer.status_code}: {answer.read()!r}"
+                    return
+                for line in answer.iter_lines():
+                    if first:
+                        first = False
+                        self.started.wait(60)
+                    if self.cut[rid].is_set():
+                        return  # leaving the block closes the connection: a client gone mid-answer
+                    if line.startswith("data: {"):
+                        self.tokens[rid] = json.loads(line[6:])["meta_info"]["completion_tokens"]
+        except Exception as exc:  # every failure is the test's to report
+            self.errors[rid] = repr(exc)
+        finally:
+            if first:
+                self.started.abort()
+
+
+def test_the_load_the_gateway_reports_is_the_engines_own(cluster: Cluster, pool: str) -> None:
+    url = cluster.service_answering(pool, POOL)
+    pod = the_pod(cluster)
+    pid, ip = engine_pid(pod), pod["status"]["podIP"]
+    assert pid is not None
+    with LongStreams(url, [f"load-{i}" for i in range(3)]):
+        def both() -> tuple[float, float | None]:
+            return engine_series(pid, "sglang:num_running_reqs"), gateway_series(ip, "genrm_engine_running_requests")
+        wait_for("engine and gateway to report 3 running", both, timeout=20, interval=0.2,
+                 done=lambda pair: pair[0] == 3 and pair[1] == 3)
+        loads = json.loads(in_pod(pid, f"{ENGINE}/v1/loads"))
+        assert sum(rank["num_running_reqs"] for rank in loads["loads"]) == 3, loads
+    wait_for("both to report the engine idle once the clients left", both, timeout=20, interval=0.2,
+             done=lambda pair: pair[0] == 0 and pair[1] == 0)
+    LANE.requests += 3
+
+
+def test_a_client_disconnect_aborts_its_own_request_in_the_engine_and_no_other(cluster: Cluster, pool: str) -> None:
+    url = cluster.service_answering(pool, POOL)
+    pod = the_pod(cluster)
+    pid = engine_pid(pod)
+    assert pid is not None
+    aborted_before = engine_series(pid, "sglang:num_aborted_requests_total")
+    leaver, stayer = f"leaver-{os.getpid()}", f"stayer-{os.getpid()}"
+    with LongStreams(url, [leaver, stayer]) as streams:
+        wait_for("both answers under way", lambda: min(streams.tokens.get(leaver, 0), streams.tokens.get(stayer, 0)),
+                 timeout=20, interval=0.05, done=lambda n: n > 0)
+        streams.cut[leaver].set()
+        streams.threads[1].join(60)
+    assert streams.errors == {}, streams.errors
+    assert streams.tokens[stayer] == LONG_TOKENS, streams.tokens
+    assert streams.tokens[leaver] < LONG_TOKENS, streams.tokens
+    wait_for("SGLang to count one aborted request",
+             lambda: engine_series(pid, "sglang:num_aborted_requests_total") - aborted_before,
+             timeout=15, interval=0.2, done=lambda n: n == 1)
+    # The gateway gives each engine request its own rid; SGLang's request log ties it to the prompt.
+    engine_log = Path(cluster.local.logs_for(pod["metadata"]["name"], NAMESPACE)["engine"]).read_text(errors="replace")
+    rids = {who: re.findall(rf"Receive: obj=GenerateReqInput\(rid='([^']+)'.*Judge request {who}\.", engine_log)
+            for who in (leaver, stayer)}
+    assert len(rids[leaver]) == 1 and len(rids[stayer]) == 1, rids
+    finished = set(re.findall(r"Finish: obj=GenerateReqInput\(rid='([^']+)'", engine_log))
+    assert rids[stayer][0] in finished and rids[leaver][0] not in finished, (rids, engine_log[-3000:])
+    LANE.requests += 2
+
+
+def test_scale_one_two_one_under_plain_clients_and_long_generations_loses_nothing(cluster: Cluster, pool: str) -> None:
+    url = cluster.service_answering(pool, POOL)
+    with cluster.plain_clients(pool, POOL) as plain:
+        wait_for("every plain client served", lambda: plain.ok_everywhere(2), timeout=60)
+        cluster.scale(pool, POOL, 2)
+        cluster.wait_serving(pool, POOL, 2, timeout=300)
+        LANE.replicas += 1
+        LANE.verified += 1
+        wait_for("every plain client served by two", lambda: plain.ok_everywhere(10), timeout=60)
+        # Long generations in flight on both replicas while one of them is chosen, drained and deleted.
+        with LongStreams(url, [f"scale-in-{i}" for i in range(4)]) as streams:
+            cluster.scale(pool, POOL, 1)
+            streams.join(120)
+        cluster.wait_serving(pool, POOL, 1, timeout=300)
+    account_plain(plain)
+    LANE.requests += plain.stats.total_sent + 4
+    LANE.failed += plain.stats.failed + len(streams.errors)
+    assert plain.stats.failed == 0, plain_report(plain)
+    assert streams.errors == {} and set(streams.tokens.values()) == {LONG_TOKENS}, (streams.errors, streams.tokens)
+
+
+def test_a_sigkilled_engine_restarts_and_serves_again(cluster: Cluster, pool: str) -> None:
+    pod = the_pod(cluster)
+    pid = engine_pid(pod)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)  # the node agent restarts the container, as a kubelet does
+    wait_for("the replica to leave the Service's ready endpoints", lambda: cluster.serving_replicas(pool, POOL),
+             timeout=30, interval=0.2, done=lambda n: n == 0)
+    cluster.wait_serving(pool, POOL, 1, timeout=300)
+    LANE.replicas += 1
+    assert engine_pid(the_pod(cluster)) not in (None, pid)
+    with cluster.plain_clients(pool, POOL) as plain:
+        wait_for("every plain client served by the restarted engine", lambda: plain.ok_everywhere(2), timeout=60)
+    account_plain(plain)
+    LANE.requests += plain.stats.total_sent
+    LANE.failed += plain.stats.failed
+    assert plain.stats.failed == 0, plain_report(plain)
+
+
+def log_time(log: str, marker: str) -> datetime.datetime:
+    """When SGLang logged the last line containing ``marker`` (its lines start ``[YYYY-mm-dd HH:MM:SS]``)."""
+    stamps = re.findall(rf"^\[([0-9-]+ [0-9:]+)\] .*{re.escape(marker)}", log, re.M)
+    assert stamps, f"SGLang never logged {marker!r}:\n{log[-3000:]}"
+    return datetime.datetime.strptime(stamps[-1], "%Y-%m-%d %H:%M:%S")
+
+
+def test_a_deleted_pod_drains_and_its_engine_stops_within_the_shutdown_slack(cluster: Cluster, pool: str) -> None:
+    """SGLang drains itself on SIGTERM and exits (here 8-12 s after it): it must be gone by itself, with
+    its own last line logged, well inside the slack the pod's grace period leaves after the drain."""
+    name = the_pod(cluster)["metadata"]["name"]
+    log = Path(cluster.local.logs_for(name, NAMESPACE)["engine"])
+    cluster.kubectl("delete", "pod", name, "-n", pool, "--wait=true", timeout=400)
+    engine_log = log.read_text(errors="replace")
+    took = log_time(engine_log, "Finished server process") - log_time(engine_log, "SIGTERM received")
+    assert took.total_seconds() < SHUTDOWN_SLACK_SECONDS / 2, (took, engine_log[-3000:])
+    cluster.wait_serving(pool, POOL, 1, timeout=300)
+    LANE.replicas += 1
