@@ -23,8 +23,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--liveness", default="http://0.0.0.0:8081/healthz", help="kopf liveness endpoint")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--no-gpu-placement", action="store_true",
-                        help="do not watch nodes (no RBAC on nodes needed): new replicas of a deterministic pool "
-                             "are then not pinned to the GPU product (nvidia.com/gpu.product) of its serving replicas")
+                        help="do not watch nodes (no RBAC on nodes needed): new replicas of a deterministic or "
+                             "verified pool are then not pinned to the GPU product (nvidia.com/gpu.product) of its "
+                             "serving replicas")
     parser.add_argument("--activator-service", default=os.environ.get("GENRM_ACTIVATOR_SERVICE"),
                         metavar="NAMESPACE/NAME",
                         help="the activator's Service: pools with scaleToZero route to it while no replica serves "

@@ -31,7 +31,7 @@ the cluster.
 
 Immutable fields are enforced by CEL transition rules: changing one is rejected with a message
 telling you to create a new pool — a reward model must never mix two judges. Unknown fields, wrong
-types, negative replicas, `minReplicas > maxReplicas`, inconsistent drain timeouts and
+types, negative replicas, `minReplicas > maxReplicas`, inconsistent drain timeouts and seeded
 verification of a non-deterministic engine are rejected by the API server with a message naming
 the field. The rules are listed under the object they belong to.
 

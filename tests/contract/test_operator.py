@@ -2,7 +2,8 @@
 start on SGLang, a key-protected pool's engine reads its key from its --config file and every
 spelling SGLang reads as a key flag is refused in its arguments, the images are the pinned release,
 and its verification probes (through each replica's gateway) work on engines as strict as SGLang,
-for generative judges, reward models and key-protected engines alike."""
+for generative judges, reward models and key-protected engines alike, and greedy ones on engines
+without deterministic inference."""
 
 from __future__ import annotations
 
@@ -154,6 +155,17 @@ def test_probes_agree_across_deterministic_judges_and_overlapping_verifications_
         assert answers[0] == answers[1] == answers[2]
         assert compare(probe(b, spec), answers[0])[0]
         assert not compare(probe(perturbed, spec), answers[0])[0]
+
+
+def test_greedy_probes_agree_across_judges_without_deterministic_inference_and_seeded_ones_do_not() -> None:
+    """Why sampling Greedy verifies a pool whose engine cannot run deterministic inference: such an
+    engine ignores the seed of Seeded probes, so two identical replicas disagree on those."""
+    greedy, seeded = VerificationSpec(sampling="Greedy"), VerificationSpec()
+    with replica() as a, replica() as b, replica("--sim-perturb") as perturbed:
+        reference = probe(a, greedy)
+        assert compare(probe(b, greedy), reference) == (True, f"{len(reference)} probes identical to the reference")
+        assert not compare(probe(perturbed, greedy), reference)[0]
+        assert not compare(probe(b, seeded), probe(a, seeded))[0]
 
 
 def test_reward_model_pools_are_verified_by_their_scores() -> None:

@@ -2,8 +2,10 @@
 
 Aspects under test:
 - the pin (`placement.choose`): the GPU product of the oldest serving replica's node (what new
-  replicas are verified against), or while none serves the oldest scheduled replica's; none for a
-  non-deterministic pool, for nodes without the label, or when the user's selector chooses;
+  replicas are verified against), or while none serves the oldest scheduled replica's, for a
+  deterministic pool and for a non-deterministic one verified with greedy probes; none for a
+  non-deterministic pool without verification, for nodes without the label, or when the user's
+  selector chooses;
 - the pod builder merges ``nvidia.com/gpu.product In [product]`` into every one of the user's
   required node selector terms (AND), never into a term or nodeSelector that already chooses the
   product, never into the spec's own objects, and never into the template revision; a property
@@ -77,6 +79,17 @@ def test_without_a_serving_replica_the_oldest_scheduled_one_on_a_labelled_node_s
                 replica("judge-3", Role.STARTING, "gpu-a", START + 3)]
     assert placement.choose(make_spec(), replicas, NODES) == Placement(gpu_product=B200, replica="judge-2",
                                                                        node="gpu-b")
+
+
+def test_a_greedy_verified_non_deterministic_pool_is_pinned_as_a_deterministic_one_is() -> None:
+    """Its greedy answers are compared, and another GPU generation's kernels give other ones."""
+    replicas = [replica("judge-0", Role.SERVING, "gpu-a"), replica("judge-1", Role.STARTING, "gpu-b", START + 1)]
+    greedy = make_spec(engine={"deterministic": False}, verification={"sampling": "Greedy"})
+    assert placement.choose(greedy, replicas, NODES) == placement.choose(make_spec(), replicas, NODES) == PIN
+    assert placement.compares_answers(greedy) and placement.compares_answers(make_spec())
+    unverified = make_spec(engine={"deterministic": False}, verification={"enabled": False, "sampling": "Greedy"})
+    assert not placement.compares_answers(unverified)
+    assert placement.choose(unverified, replicas, NODES) is None
 
 
 def test_no_pin_without_a_label_for_a_non_deterministic_pool_or_when_the_user_chooses_the_product() -> None:
@@ -251,8 +264,7 @@ def test_a_verification_names_both_replicas_nodes_and_gpu_products() -> None:
                              [serving("judge-0", "gpu-a"), warm], first.status))
     [verify] = [a for a in plan.actions if isinstance(a, Verify)]
     assert verify.context == (f"judge-1 on node gpu-b (GPU {B200}) against judge-0 on node gpu-a (GPU {H100}); "
-                              "the GPU products differ, and SGLang's deterministic kernels differ across GPU "
-                              "generations")
+                              "the GPU products differ, and SGLang's kernels differ across GPU generations")
 
 
 def test_a_mismatch_names_both_gpu_products_in_the_condition_and_the_events() -> None:

@@ -5,7 +5,9 @@ from the shared contract) into the core's ``SidecarView`` for each drain state, 
 count, engine health and drain id, and ``parse_state`` returns None (unknown, never drained) for
 anything that is not a whole state document;
 ``compare`` accepts a first replica without a reference, accepts identical answers and names
-the first differing probe with both answers (truncated) otherwise; the default probes.
+the first differing probe with both answers (truncated) otherwise; the default probes;
+``probe_request``: a Seeded probe is sampled with the fixed seed, a Greedy one decodes at temperature 0
+with no seed, and a reward model's probe is the same classification in both modes.
 """
 
 from __future__ import annotations
@@ -14,8 +16,17 @@ from typing import Any
 
 import pytest
 from genrm_contract.sidecar import DrainState, EngineReport, StateDocument
+from genrm_operator.api.spec import ProbeRequest, VerificationSpec
 from genrm_operator.core.model import SidecarView
-from genrm_operator.shell.sidecar import DEFAULT_PROBES, Endpoint, compare, parse_state, view_of
+from genrm_operator.shell.sidecar import (
+    DEFAULT_PROBES,
+    SEEDED_TEMPERATURE,
+    Endpoint,
+    compare,
+    parse_state,
+    probe_request,
+    view_of,
+)
 
 
 def state_document(state: DrainState, inflight: int = 4, healthy: bool = True,
@@ -99,3 +110,27 @@ def test_the_default_probes_are_fixed_judge_prompts() -> None:
     endpoint = Endpoint("10.0.0.7", 8001, "tok")
     assert endpoint.control == "http://10.0.0.7:8001"
     assert endpoint.headers == {"Authorization": "Bearer tok"}
+
+
+PROBE = ProbeRequest(prompt="Score 2+2=4 from 1 to 10.", max_new_tokens=16)
+
+
+def test_a_seeded_probe_is_sampled_with_the_fixed_seed() -> None:
+    spec = VerificationSpec(sampling_seed=77)
+    assert spec.sampling == "Seeded", "the default: today's probes"
+    assert probe_request(PROBE, spec, generation=True) == ("/generate", {
+        "text": PROBE.prompt,
+        "sampling_params": {"max_new_tokens": 16, "temperature": SEEDED_TEMPERATURE, "sampling_seed": 77}})
+
+
+def test_a_greedy_probe_decodes_at_temperature_zero_and_carries_no_seed() -> None:
+    """Without deterministic inference SGLang ignores a seed: a Greedy probe's answer must not need one."""
+    spec = VerificationSpec(sampling="Greedy", sampling_seed=77)
+    assert probe_request(PROBE, spec, generation=True) == ("/generate", {
+        "text": PROBE.prompt, "sampling_params": {"max_new_tokens": 16, "temperature": 0}})
+
+
+@pytest.mark.parametrize("sampling", ["Seeded", "Greedy"])
+def test_a_reward_models_probe_is_the_same_classification_in_both_modes(sampling: str) -> None:
+    spec = VerificationSpec.model_validate({"sampling": sampling})
+    assert probe_request(PROBE, spec, generation=False) == ("/classify", {"text": PROBE.prompt})

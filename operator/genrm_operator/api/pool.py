@@ -47,10 +47,12 @@ class GenRMPoolSpec(ApiModel):
             cel("self.model == oldSelf.model", f"spec.model {IMMUTABLE_HINT}", ".model"),
             cel("self.engine.port != self.gateway.port && self.engine.port != self.gateway.controlPort",
                 "the engine port must differ from the gateway's ports", ".engine.port"),
-            cel("!self.verification.enabled || self.engine.deterministic",
-                "verification compares answers across replicas, which SGLang reproduces only with "
-                "spec.engine.deterministic=true (without it sampling ignores the probes' seed); set "
-                "spec.verification.enabled=false for a non-deterministic pool", ".verification.enabled"),
+            cel("!self.verification.enabled || self.verification.sampling != 'Seeded' || self.engine.deterministic",
+                "verification with sampling Seeded compares sampled answers across replicas, which SGLang "
+                "reproduces only with spec.engine.deterministic=true (without it the probes' seed is ignored); "
+                "set spec.engine.deterministic=true, or spec.verification.sampling=Greedy (greedy probes, "
+                "comparable without deterministic inference), or spec.verification.enabled=false",
+                ".verification.enabled"),
         )
     }
 
@@ -117,8 +119,8 @@ class GenRMPoolStatus(ApiModel):
     autoscaler: AutoscalerStatus | None = None
     """The built-in autoscaler's memory (recommendation history) and its last decisions."""
     placement: Placement | None = None
-    """The GPU product new replicas are required onto; absent when nothing is pinned (a
-    non-deterministic pool, no replica on a labelled node yet, or the user's own selector chooses)."""
+    """The GPU product new replicas are required onto; absent when nothing is pinned (a non-deterministic
+    pool without verification, no replica on a labelled node yet, or the user's own selector chooses)."""
 
     def decisions(self) -> tuple[object, ...]:
         """What the operator decided, as opposed to what it counted: the operation (victims, creates,

@@ -141,7 +141,8 @@ class EngineSpec(ApiModel):
     seed: int = Field(42, ge=0, le=2**31 - 1)
     """The single --random-seed every replica of the pool uses, so replicas answer identically."""
     deterministic: bool = True
-    """--enable-deterministic-inference, so replicas give equal verdicts; false needs verification.enabled=false."""
+    """--enable-deterministic-inference, so replicas give equal verdicts; false needs verification.sampling
+    Greedy or verification.enabled=false."""
     tensor_parallel_size: int = Field(1, ge=1, le=64)
     """SGLang --tp-size."""
     gpus_per_replica: int = Field(1, ge=0, le=64)
@@ -267,11 +268,24 @@ class VerificationSpec(ApiModel):
     """Cross-replica answer check before a new replica is published."""
 
     enabled: bool = True
-    """Compare a new replica's answers (or reward scores) with a serving one's; needs engine.deterministic."""
+    """Compare a new replica's answers (or reward scores) with a serving one's; with sampling Seeded this
+    needs engine.deterministic."""
+    sampling: Literal["Seeded", "Greedy"] = "Seeded"
+    """How generative probes decode. Seeded: sampled (temperature 0.7) with samplingSeed, which SGLang
+    reproduces only under deterministic inference (without it SGLang accepts the seed and ignores it), so
+    Seeded needs engine.deterministic. Greedy: temperature 0 and no seed, for an engine without
+    deterministic inference (SGLang refuses it with CPU's torch_native attention and on GPUs without a
+    supported attention backend): a greedy answer depends on no seed. What Greedy relies on: without
+    deterministic inference SGLang's kernels are not batch-invariant, so greedy answers agree across
+    replicas on one GPU (or CPU) kind only while the batch a probe runs in does not flip an argmax, and the
+    reference replica may be serving traffic while it is probed. Such a flip fails a good replica, which is
+    then replaced with back-off; other weights or settings still show in the greedy answers. A reward
+    model's probes are the same /classify requests in both modes, and without deterministic inference
+    their exact scores can differ in the last bits with the batch."""
     requests: list[ProbeRequest] = Field(default_factory=list, max_length=16)
     """Probe prompts; empty means the operator's built-in judge prompts."""
     sampling_seed: int = Field(1234, ge=0, le=2**31 - 1)
-    """Fixed sampling seed of the probes, so sampled answers are comparable."""
+    """Fixed sampling seed of Seeded probes, so sampled answers are comparable (Greedy probes carry none)."""
     timeout_seconds: int = Field(30, ge=1, le=3600)
     """Time allowed for one probe request."""
 

@@ -212,11 +212,12 @@ class Condition(ApiModel):
 
 
 class Placement(ApiModel):
-    """The GPU product new replicas of a deterministic pool are required onto, and where it comes from."""
+    """The GPU product new replicas of a pool whose answers are compared (deterministic or verified) are
+    required onto, and where it comes from."""
 
     gpu_product: str
     """Value of the node label nvidia.com/gpu.product (GPU feature discovery) that every new replica's
-    node affinity requires: deterministic answers are reproducible on one GPU generation only."""
+    node affinity requires: deterministic and greedy answers are reproducible on one GPU generation only."""
     replica: str
     """The replica whose node has that product: the oldest serving one (new replicas are verified
     against it), or while none serves, the oldest scheduled one."""

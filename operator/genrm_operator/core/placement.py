@@ -1,11 +1,13 @@
-"""GPU-generation-aware placement of a deterministic pool's replicas.
+"""GPU-generation-aware placement of the replicas of a pool whose answers are compared.
 
 Why: deterministic inference makes a replica's answers reproducible on one kind of GPU, not across
 kinds. With ``--enable-deterministic-inference`` and no ``--attention-backend``, SGLang 0.5.23
 falls back to ``fa3`` below SM100 and to ``flashinfer`` on SM100/SM120 (Blackwell)
 (``_deterministic_attention_backend`` in ``srt/arg_groups/overrides.py``), and even one backend
-runs other kernels on another generation. A pool whose replicas land on two GPU generations then
-fails verification on every cross pair. So a new replica is required onto nodes whose GPU feature
+runs other kernels on another generation. Greedy answers (a pool verified with sampling Greedy,
+whose engine has no deterministic inference) are no better: the argmax of other kernels' logits
+can differ too. A pool whose replicas land on two GPU generations then fails verification on
+every cross pair. So a new replica is required onto nodes whose GPU feature
 discovery label ``nvidia.com/gpu.product`` has the value of the replica it will be verified
 against: the oldest serving one (`reference`), or while none serves, the oldest scheduled one.
 
@@ -52,15 +54,23 @@ def user_pins_product(template: TemplateSpec) -> bool:
     return GPU_PRODUCT_LABEL in template.node_selector or (bool(terms) and all(map(constrains_product, terms)))
 
 
+def compares_answers(spec: GenRMPoolSpec) -> bool:
+    """Whether the pool has answers to keep equal across replicas: a deterministic one's (reproducible
+    on one GPU generation), or a verified one's (a non-deterministic pool can be verified only with
+    greedy probes, which another generation's kernels answer otherwise). A non-deterministic pool
+    without verification has none: its sampled answers differ anyway and nothing compares them."""
+    return spec.engine.deterministic or spec.verification.enabled
+
+
 def choose(spec: GenRMPoolSpec, replicas: Sequence[Replica], products: Mapping[str, str]) -> Placement | None:
     """The GPU product new replicas are required onto, or None for no pin.
 
-    Only a deterministic pool is pinned (a non-deterministic one has no answers to keep equal),
-    and only when the user has not chosen a product (`user_pins_product`). The anchor is the
+    Only a pool with answers to keep equal is pinned (`compares_answers`), and only when the user
+    has not chosen a product (`user_pins_product`). The anchor is the
     replica new ones are verified against (`reference`); while no replica serves, the oldest one
     already scheduled on a labelled node, so replicas created later follow the first. No anchor,
     or an anchor on a node without the label (``products`` holds only labelled nodes): no pin."""
-    if not spec.engine.deterministic or user_pins_product(spec.template):
+    if not compares_answers(spec) or user_pins_product(spec.template):
         return None
     anchor = reference(replicas)
     if anchor is None:
@@ -95,7 +105,7 @@ def verification_context(candidate: Replica, ref: Replica | None, products: Mapp
     context = f"{describe(candidate, products)} against {describe(ref, products)}"
     mine, theirs = products.get(candidate.pod.node, ""), products.get(ref.pod.node, "")
     if mine and theirs and mine != theirs:
-        context += "; the GPU products differ, and SGLang's deterministic kernels differ across GPU generations"
+        context += "; the GPU products differ, and SGLang's kernels differ across GPU generations"
     return context
 
 

@@ -48,6 +48,9 @@ STATE_SECONDS = 2.0
 CONNECT_SECONDS = 1.0
 KEEPALIVE_SECONDS = 60.0
 """How long an idle connection to a sidecar is kept (the gateway keeps them 75 s)."""
+SEEDED_TEMPERATURE = 0.7
+"""Temperature of Seeded probes: their answers are sampled, so replicas agree only when they honour the seed
+alike (deterministic inference)."""
 DEFAULT_PROBES = (
     ProbeRequest(prompt="Rate the answer 'Paris' to the question 'What is the capital of France?' "
                         "from 1 to 10 and explain briefly.", max_new_tokens=32),
@@ -235,7 +238,7 @@ class SidecarClient:
             generation = bool((await info.json(content_type=None)).get("is_generation", True))
 
         async def ask(probe: ProbeRequest) -> str:
-            path, payload = probe_request(probe, spec.sampling_seed, generation)
+            path, payload = probe_request(probe, spec, generation)
             async with self._http.post(f"{judge}{path}", json=payload, timeout=limit, raise_for_status=True,
                                        headers={**ep.headers,
                                                 "X-Request-Id": f"genrm-verify-{uuid.uuid4().hex}"}) as response:
@@ -257,13 +260,25 @@ def timeout(seconds: float) -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(total=seconds, sock_connect=CONNECT_SECONDS)
 
 
-def probe_request(probe: ProbeRequest, sampling_seed: int, generation: bool) -> tuple[str, dict[str, Any]]:
-    """Route and body of one probe: a seeded sampled generation (equal across replicas only under
-    deterministic inference, which the API requires for verification), or a classification."""
+def probe_request(probe: ProbeRequest, spec: VerificationSpec, generation: bool) -> tuple[str, dict[str, Any]]:
+    """Route and body of one probe: a generation decoded as ``spec.sampling`` says (`decoding`), or a
+    classification, which has nothing to sample (a reward model's probe is one request in both modes)."""
     if not generation:
         return "/classify", {"text": probe.prompt}
-    return "/generate", {"text": probe.prompt, "sampling_params": {
-        "max_new_tokens": probe.max_new_tokens, "temperature": 0.7, "sampling_seed": sampling_seed}}
+    return "/generate", {"text": probe.prompt,
+                         "sampling_params": {"max_new_tokens": probe.max_new_tokens, **decoding(spec)}}
+
+
+def decoding(spec: VerificationSpec) -> dict[str, Any]:
+    """The sampling parameters of a generative probe.
+
+    Seeded: sampled with the fixed seed, which SGLang honours only under deterministic inference
+    (the API requires it for this mode). Greedy: temperature 0 (SGLang then takes the argmax token)
+    and no seed, since none would be used: comparable across replicas without deterministic
+    inference, on the conditions ``VerificationSpec.sampling`` states."""
+    if spec.sampling == "Greedy":
+        return {"temperature": 0}
+    return {"temperature": SEEDED_TEMPERATURE, "sampling_seed": spec.sampling_seed}
 
 
 def probe_answer(doc: Any, generation: bool) -> str:
