@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml hack/pyproject.toml const
 CLUSTER ?= local
 VERSION := $(shell sed -n "s/^version = \"\(.*\)\"/\1/p" pyproject.toml)
 
-.PHONY: venv tools test unit lint e2e soak dev crds docs sglang-contract bench-gateway bench-parts bench-autoscaler bench-spread bench-scale-to-zero bench-operator images control-plane clean
+.PHONY: venv tools test unit lint e2e test-real-engine engine-env soak dev crds docs sglang-contract bench-gateway bench-parts bench-autoscaler bench-spread bench-scale-to-zero bench-operator images control-plane clean
 
 ## venv: the project and its development tools (hack/pyproject.toml: local cluster, benchmarks, test
 ## helpers; never shipped), both editable
@@ -27,8 +27,9 @@ tools:
 	if [ -n "$${missing// }" ]; then \
 	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; fi
 
-## test: every check and test (lint, types, layering, control plane, unit, gateway, cluster e2e, 3-min soak)
-test: venv tools lint control-plane unit e2e
+## test: every check and test (lint, types, layering, control plane, unit, gateway, cluster e2e, 3-min soak,
+## the real-engine lane)
+test: venv tools lint control-plane unit e2e test-real-engine
 
 lint: venv
 	$(VENV)/bin/ruff check operator gateway contract engine hack bench tests e2e
@@ -40,7 +41,18 @@ unit: venv tools control-plane
 	GENRM_BIN_DIR="$$(hack/control-plane.sh 2>/dev/null)" $(PY) -m pytest -q tests
 
 e2e: venv tools control-plane
-	GENRM_BIN_DIR="$$(hack/control-plane.sh 2>/dev/null)" $(PY) -m pytest -q e2e
+	GENRM_BIN_DIR="$$(hack/control-plane.sh 2>/dev/null)" $(PY) -m pytest -q e2e --ignore=e2e/realengine
+
+## test-real-engine: the real-engine lane alone: real SGLang 0.5.23 on CPU (a tiny local model) behind the
+## gateway on the local cluster, and the simulator diffed against it; ends with its real-engine-summary line
+test-real-engine: venv tools control-plane engine-env
+	@summary="$$(mktemp)"; GENRM_REAL_ENGINE_SUMMARY="$$summary" GENRM_BIN_DIR="$$(hack/control-plane.sh 2>/dev/null)" \
+	  $(PY) -m pytest -q e2e/realengine; status=$$?; cat "$$summary"; rm -f "$$summary"; exit $$status
+
+## engine-env: install (cold: about 4 minutes, 7 GB) or reuse the real engine's environment in ~/.cache/genrm-operator
+engine-env:
+	@echo "==> real engine: SGLang 0.5.23 (CPU) environment"
+	@hack/engine-env.sh >/dev/null
 
 ## soak: the e2e soak alone for 8 minutes (make test runs a 3-minute one); SEED=n repeats a run
 soak: venv tools control-plane

@@ -43,4 +43,8 @@ def cluster(engine_env: Path, models: Path) -> Iterator[Cluster]:
 
 @pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The lane's line, here and (for `make test-real-engine` to end with it) in GENRM_REAL_ENGINE_SUMMARY."""
     terminalreporter.write_line(LANE.line())
+    target = os.environ.get("GENRM_REAL_ENGINE_SUMMARY")
+    if target:
+        Path(target).write_text(LANE.line() + "\n")

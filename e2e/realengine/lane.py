@@ -62,7 +62,7 @@ def real_pool_manifest(name: str, namespace: str, models: Path, replicas: int = 
         "spec": {"replicas": replicas,
                  "model": {"path": f"{MODELS_MOUNT}/{model}", "servedName": realengine.SERVED_NAME},
                  "engine": engine, "template": template,
-                 "verification": {"enabled": False},
+                 "verification": {"sampling": "Greedy"},
                  "drain": {"propagationSeconds": 2, "quietSeconds": 1, "timeoutSeconds": 120}, **spec},
     }
     return json.dumps(body)
