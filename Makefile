@@ -65,9 +65,10 @@ control-plane:
 	@echo "==> control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, kubectl, helm"
 	@hack/control-plane.sh >/dev/null
 
-## dev: the operator on a local embedded cluster with simulated engines
+## dev: the operator on a local embedded cluster with simulated engines (ENGINE=sglang: real SGLang on CPU)
+ENGINE ?= sim
 dev: venv control-plane
-	GENRM_BIN_DIR="$$(hack/control-plane.sh)" $(PY) -m genrm_cluster.dev --cluster $(CLUSTER)
+	GENRM_BIN_DIR="$$(hack/control-plane.sh)" $(PY) -m genrm_cluster.dev --cluster $(CLUSTER) --engine $(ENGINE)
 
 ## crds: regenerate crds/ and the chart's copy from the pydantic models
 crds: venv

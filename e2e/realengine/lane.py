@@ -1,9 +1,10 @@
 """The real-engine lane's pool manifest and its closing figures.
 
-A real-engine pool is what a user running SGLang on CPU would write: the default engine image and
-launcher, SGLang's CPU switches through `spec.engine.env` and `spec.engine.extraArgs`, the model from a
-hostPath volume, and greedy verification (SGLang refuses deterministic inference on its CPU attention
-backend, and ignores a request's sampling seed without it).
+A real-engine pool is the example a user running SGLang on CPU would start from
+(examples/genrmpool-sglang-cpu.yaml): the default engine image and launcher, SGLang's CPU switches
+through `spec.engine.env` and `spec.engine.extraArgs`, the model from a hostPath volume, and greedy
+verification (SGLang refuses deterministic inference on its CPU attention backend, and ignores a
+request's sampling seed without it).
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from genrm_testing import realengine
-
-MODELS_MOUNT = "/models"
 
 
 @dataclass
@@ -44,27 +43,16 @@ LANE = LaneFigures()
 
 def real_pool_manifest(name: str, namespace: str, models: Path, replicas: int = 1, model: str = "tiny-judge",
                        **spec: Any) -> str:
-    """A pool of real SGLang replicas of a tiny model on CPU, with the lane's short drain windows."""
-    engine: dict[str, Any] = {
-        "deterministic": False,
-        "env": [{"name": k, "value": v} for k, v in realengine.CPU_ENV.items()],
-        "extraArgs": list(realengine.CPU_ARGS),
-        "startupTimeoutSeconds": 300,
-    }
-    engine.update(spec.pop("engine", {}))
-    template = {
-        "volumes": [{"name": "models", "hostPath": {"path": str(models), "type": "Directory"}}],
-        "volumeMounts": [{"name": "models", "mountPath": MODELS_MOUNT, "readOnly": True}],
-    }
-    body = {
-        "apiVersion": "genrm.io/v1alpha1", "kind": "GenRMPool",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"replicas": replicas,
-                 "model": {"path": f"{MODELS_MOUNT}/{model}", "servedName": realengine.SERVED_NAME},
-                 "engine": engine, "template": template,
-                 "verification": {"sampling": "Greedy"},
-                 "drain": {"propagationSeconds": 2, "quietSeconds": 1, "timeoutSeconds": 120}, **spec},
-    }
+    """The example pool of SGLang on CPU (`realengine.EXAMPLE`) with ``models`` as its node's model
+    directory; ``spec`` replaces top-level spec fields, and ``engine`` is merged into the example's."""
+    body = realengine.example()
+    body["metadata"] = {"name": name, "namespace": namespace}
+    pool = body["spec"]
+    pool["replicas"] = replicas
+    pool["model"]["path"] = f"{pool['template']['volumeMounts'][0]['mountPath']}/{model}"
+    pool["template"]["volumes"][0]["hostPath"]["path"] = str(models)
+    pool["engine"].update(spec.pop("engine", {}))
+    pool.update(spec)
     return json.dumps(body)
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 from genrm_operator.core.children import SHUTDOWN_SLACK_SECONDS
+from genrm_testing import realengine
 
 from ..harness import Cluster, OperatorProcess, account_plain, plain_report, wait_for
 from ..test_soak import CONTROL_PORT, engine_pid
@@ -43,8 +44,7 @@ def pool(cluster: Cluster, operator: OperatorProcess, models: Path) -> Iterator[
     """The module's pool of one real replica, with SGLang logging each finished request."""
     cluster.kubectl("create", "namespace", NAMESPACE)
     manifest = real_pool_manifest(POOL, NAMESPACE, models, engine={"extraArgs": [
-        *json.loads(real_pool_manifest(POOL, NAMESPACE, models))["spec"]["engine"]["extraArgs"],
-        "--log-requests", "--log-requests-level", "2"]})
+        *realengine.CPU_ARGS, "--log-requests", "--log-requests-level", "2"]})
     cluster.kubectl("apply", "-f", "-", input=manifest)
     cluster.wait_serving(NAMESPACE, POOL, 1, timeout=300)
     LANE.replicas += 1

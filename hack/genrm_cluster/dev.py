@@ -3,8 +3,12 @@
 Builds or reuses the control-plane binaries (``hack/control-plane.sh``, run by
 the Makefile), starts the local cluster, installs the CRD, runs the operator,
 applies ``examples/genrmpool-sim.yaml``, waits until the pool is Available and
-prints what to try. Ctrl-C stops everything cleanly. ``--cluster kind`` does
-the same on kind with images built from the Dockerfile, where Docker exists.
+prints what to try. Ctrl-C stops everything cleanly. ``--engine sglang``
+(``make dev ENGINE=sglang``) runs real SGLang on CPU instead: it installs or
+reuses the engine's environment and tiny models (``genrm_testing.realengine``),
+maps SGLang's image to them and applies ``examples/genrmpool-sglang-cpu.yaml``.
+``--cluster kind`` does the same on kind with images built from the Dockerfile,
+where Docker exists.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from genrm_testing import realengine
 
 from genrm_cluster.cluster import LocalCluster
 
@@ -51,8 +57,19 @@ def wait_available(kubectl: list[str], stop: threading.Event, timeout: float = 1
                      "the demo pool did not become Available in time; see the operator log")
 
 
-def run_local() -> int:
+def real_engine() -> tuple[dict[str, Path], str]:
+    """The image map and the pool manifest of real SGLang on CPU, installing its environment if needed."""
+    step("installing or reusing SGLang 0.5.23 for CPU and the tiny models (cold: ~4 min, 7 GB)")
+    env = realengine.environment()
+    pool = realengine.example()
+    pool["spec"]["template"]["volumes"][0]["hostPath"]["path"] = str(realengine.models(env))
+    return {realengine.IMAGE: env}, json.dumps(pool)
+
+
+def run_local(engine: str) -> int:
     os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
+    images, manifest = real_engine() if engine == "sglang" else ({}, EXAMPLE.read_text())
+    example = realengine.EXAMPLE if engine == "sglang" else EXAMPLE
     step("starting the local control plane with the GenRMPool CRD, kube-proxy and a node agent "
          "(2 nodes x 8 nvidia.com/gpu)")
     stop = threading.Event()
@@ -60,7 +77,7 @@ def run_local() -> int:
     # and Ctrl-C must stop everything cleanly however it was started.
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
-    with LocalCluster(nodes=2, gpus_per_node=8, crds=[CRD]) as cluster:
+    with LocalCluster(nodes=2, gpus_per_node=8, crds=[CRD], images=images) as cluster:
         kubectl = [str(cluster.bin_dir / "kubectl"), f"--kubeconfig={cluster.kubeconfig}"]
         step("starting the operator (log: operator.log in the cluster work dir)")
         log_path = cluster.workdir / "operator.log"
@@ -69,10 +86,10 @@ def run_local() -> int:
                 [sys.executable, "-m", "genrm_operator", "--metrics-host", "127.0.0.1"],
                 env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}, stdout=log, stderr=subprocess.STDOUT)
         try:
-            step(f"applying {EXAMPLE.relative_to(REPO)}")
-            subprocess.run([*kubectl, "apply", "-f", str(EXAMPLE)], check=True)
+            step(f"applying {example.relative_to(REPO)}")
+            subprocess.run([*kubectl, "apply", "-f", "-"], input=manifest, text=True, check=True)
             step("waiting for the pool to become Available")
-            pool = wait_available(kubectl, stop)
+            pool = wait_available(kubectl, stop, timeout=600 if engine == "sglang" else 180)
             url = cluster.service_url("default", "demo")
             model = pool["spec"]["model"].get("servedName") or pool["spec"]["model"]["path"]
             print(f"""
@@ -83,9 +100,9 @@ The pool is Available; its Service answers at {url} (kube-proxy; the address sta
   kubectl get genrmpools
   kubectl scale genrmpool demo --replicas=3
   kubectl describe genrmpool demo
-  curl -s {url}/generate -d '{{"text": "Is 2+2=4? Score 1-10."}}'
+  curl -s {url}/generate -H 'Content-Type: application/json' -d '{{"text": "Is 2+2=4? Score 1-10."}}'
   {sys.executable} -c 'import openai; c = openai.OpenAI(base_url="{url}/v1", api_key="none"); \\
-    print(c.chat.completions.create(model="{model}", messages=[{{"role": "user", "content": "Is 2+2=4?"}}]))'
+    print(c.chat.completions.create(model="{model}", messages=[{{"role": "user", "content": "Is 2+2=4?"}}], max_tokens=16))'
 
 Operator metrics: http://127.0.0.1:8080/metrics   Operator log: {log_path}
 Press Ctrl-C to stop everything.
@@ -131,8 +148,10 @@ def run_kind() -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make dev", description=__doc__.split("\n")[0] if __doc__ else None)
     parser.add_argument("--cluster", choices=("local", "kind"), default="local")
+    parser.add_argument("--engine", choices=("sim", "sglang"), default="sim",
+                        help="the simulator, or real SGLang on CPU with a tiny model (local cluster only)")
     args = parser.parse_args(argv)
-    return run_local() if args.cluster == "local" else run_kind()
+    return run_local(args.engine) if args.cluster == "local" else run_kind()
 
 
 if __name__ == "__main__":

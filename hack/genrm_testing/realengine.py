@@ -23,6 +23,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from genrm_testing import free_port, wait_ready
 
@@ -38,14 +41,19 @@ SERVED_NAME = "tiny-judge"
 MODEL_SEEDS = {"tiny-judge": 0, "tiny-judge-other": 1}
 """Two models of one shape: the second has other weights (a verification must tell them apart)."""
 
-CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+EXAMPLE = HERE.parents[1] / "examples" / "genrmpool-sglang-cpu.yaml"
+"""The pool a user would write for SGLang on CPU; its engine env and flags are the ones used here too."""
+
+
+def example() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    return loaded
+
+
+CPU_ENV: dict[str, str] = {e["name"]: e["value"] for e in example()["spec"]["engine"]["env"]}
 """SGLang's switch to its CPU engine; the model is local, so no hub is ever asked."""
 
-CPU_ARGS = (
-    "--device", "cpu", "--attention-backend", "torch_native",
-    "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled",
-    "--max-total-tokens", "16384", "--sleep-on-idle",
-)
+CPU_ARGS: tuple[str, ...] = tuple(example()["spec"]["engine"]["extraArgs"])
 """SGLang's flags for a CPU without AMX (its default attention backend needs AMX); ``--sleep-on-idle``
 because an idle scheduler otherwise busy-polls a whole core of the machine's two."""
 
