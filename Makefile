@@ -83,8 +83,9 @@ docs: venv
 sglang-contract: venv
 	$(PY) hack/sglang_contract.py
 
+## bench-gateway: the gateway beside the engine directly and nginx (ENGINE=sglang: in front of real SGLang on CPU)
 bench-gateway: venv
-	$(PY) -m bench.gateway
+	$(PY) -m bench.gateway --engine $(ENGINE)
 
 ## bench-parts: the gateway's HTTP server and engine client beside maintained alternatives
 ## (uvicorn's h11 protocol, granian; aiohttp, httpx), in one run

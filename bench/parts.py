@@ -182,7 +182,7 @@ def _measure_servers(ports: dict[str, int], pids: dict[str, int]) -> Figures:
         for _ in range(ROUNDS):
             for name, port in ports.items():
                 before = tree_cpu_seconds(pids[name]) if name in pids else 0.0
-                run = measure(port, concurrency)
+                run = measure(port, concurrency, RUN_SECONDS, WARMUP_SECONDS)
                 runs[name].append(run)
                 if name in pids:  # the warm-up's requests are served too, at about the same rate
                     served = run.rps * (RUN_SECONDS + WARMUP_SECONDS)
