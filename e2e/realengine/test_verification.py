@@ -1,10 +1,11 @@
-"""Verification on the real engine: identical replicas agree, a replica with other weights is refused.
+"""Verification on the real engine: identical replicas agree; other weights or other settings are refused.
 
 SGLang refuses deterministic inference on its CPU attention backend and ignores a request's sampling
 seed without it, so the lane's pools verify with greedy probes (`spec.verification.sampling: Greedy`).
-The model directory is a link on the node that is turned to a model with other weights between two
-replicas, as a model directory overwritten under a running pool would be: the replica that loads it
-must never be published, and once the link is back its replacement verifies and serves.
+The model directory is a link on the node, turned between two replicas to a model with other weights
+and then to the same weights with another setting in their config, as a model directory overwritten
+under a running pool would be: the replicas that load them must never be published, and once the
+link is back their replacement verifies and serves.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from genrm_testing import realengine
 
 from ..harness import Cluster, wait_for
 from .lane import LANE, real_pool_manifest
@@ -43,13 +45,19 @@ def test_greedy_verification_publishes_an_identical_real_replica_and_refuses_oth
     point(node_models / "judge", models / "tiny-judge-other")
     cluster.scale(namespace, POOL, 2)
 
-    def refused() -> dict[str, Any] | None:
+    def refused(count: int) -> list[dict[str, Any]] | None:
         assert cluster.published(namespace, POOL) == [f"{POOL}-0"], "only the replica of the pool's model serves"
         history = (cluster.pool(namespace, POOL).get("status") or {}).get("history") or []
-        return next((h for h in history if h.get("reason") == "ReplicaInconsistent"), None)
-    entry = wait_for("the replica with other weights to fail verification", refused, timeout=300, interval=1)
-    assert "differs" in entry["message"], entry
-    LANE.replicas += 1
+        failures = [h for h in history if h.get("reason") == "ReplicaInconsistent"]
+        return failures if len(failures) >= count else None
+    # The replacement waits out a back-off of at least 10 s: time to turn the link before it loads.
+    failures = wait_for("the replica with other weights to fail verification", lambda: refused(1), timeout=300,
+                        interval=0.5)
+    point(node_models / "judge", models / realengine.SETTINGS_VARIANT[0])
+    failures = wait_for("the replica with another setting to fail verification", lambda: refused(2), timeout=300,
+                        interval=0.5)
+    assert all("differs" in entry["message"] for entry in failures), failures
+    LANE.replicas += 2
 
     point(node_models / "judge", models / "tiny-judge")
     status = cluster.wait_serving(namespace, POOL, 2, timeout=400)["status"]

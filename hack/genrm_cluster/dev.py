@@ -102,7 +102,8 @@ The pool is Available; its Service answers at {url} (kube-proxy; the address sta
   kubectl describe genrmpool demo
   curl -s {url}/generate -H 'Content-Type: application/json' -d '{{"text": "Is 2+2=4? Score 1-10."}}'
   {sys.executable} -c 'import openai; c = openai.OpenAI(base_url="{url}/v1", api_key="none"); \\
-    print(c.chat.completions.create(model="{model}", messages=[{{"role": "user", "content": "Is 2+2=4?"}}], max_tokens=16))'
+    print(c.chat.completions.create(model="{model}", max_tokens=16, \\
+                                    messages=[{{"role": "user", "content": "Is 2+2=4?"}}]))'
 
 Operator metrics: http://127.0.0.1:8080/metrics   Operator log: {log_path}
 Press Ctrl-C to stop everything.

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import filecmp
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -40,6 +41,10 @@ IMAGE = "lmsysorg/sglang:v0.5.23"
 SERVED_NAME = "tiny-judge"
 MODEL_SEEDS = {"tiny-judge": 0, "tiny-judge-other": 1}
 """Two models of one shape: the second has other weights (a verification must tell them apart)."""
+
+SETTINGS_VARIANT = ("tiny-judge-eps", "tiny-judge", {"rms_norm_eps": 1.0})
+"""The first model's weights under another setting of its config (a verification must tell it apart too;
+the setting is one that changes greedy answers of this model: its RoPE base, for one, does not)."""
 
 EXAMPLE = HERE.parents[1] / "examples" / "genrmpool-sglang-cpu.yaml"
 """The pool a user would write for SGLang on CPU; its engine env and flags are the ones used here too."""
@@ -96,6 +101,14 @@ def models(env: Path) -> Path:
         if not (root / name / "config.json").is_file():
             subprocess.run([str(env / "bin" / "python"), str(MODEL_MAKER), str(root / name), "--seed", str(seed)],
                            check=True, env=_clean_env(), stdout=subprocess.DEVNULL)
+    variant, base, overrides = SETTINGS_VARIANT
+    if not (root / variant / "config.json").is_file():
+        staging = root / f"{variant}.tmp"
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(root / base, staging)
+        config = json.loads((staging / "config.json").read_text())
+        (staging / "config.json").write_text(json.dumps({**config, **overrides}, indent=2))
+        staging.rename(root / variant)
     return root
 
 
