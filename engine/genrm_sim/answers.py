@@ -42,6 +42,8 @@ class SamplingParams:
     top_k: int = -1
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     sampling_seed: int | None = None
+    ignore_eos: bool = False
+    """SGLang's ``ignore_eos``: generate until ``max_new_tokens`` whatever the model would stop at."""
 
     @property
     def greedy(self) -> bool:
@@ -79,6 +81,20 @@ def _material(*parts: object) -> random.Random:
     return random.Random(hashlib.sha256(encoded).digest())
 
 
+def _sentence(rng: random.Random, first: bool) -> list[str]:
+    """One sentence of judge prose, as words (a connector first unless it is the answer's first)."""
+    opener = rng.choice(_OPENERS)
+    words: list[str] = []
+    if not first:
+        words.append(rng.choice(_CONNECTORS))
+        opener = opener[0].lower() + opener[1:]
+    words.extend(opener.split())
+    words.append(rng.choice(_VERBS))
+    words.extend(rng.choice(_OBJECTS).split())
+    words.extend((rng.choice(_QUALIFIERS) + ".").split())
+    return words
+
+
 def judge_answer(key: AnswerKey, prompt: object, params: SamplingParams, entropy: int) -> Answer:
     """The answer for ``prompt``; ``entropy`` is the engine's own randomness, used only where SGLang's
     answer depends on it (sampling without deterministic inference)."""
@@ -89,18 +105,11 @@ def judge_answer(key: AnswerKey, prompt: object, params: SamplingParams, entropy
     else:
         seeds = [entropy]
     rng = _material(key.model, prompt, params.temperature, params.top_p, params.top_k, seeds, key.perturbed)
-    words: list[str] = []
-    for sentence in range(rng.randint(2, 4)):
-        opener = rng.choice(_OPENERS)
-        if sentence:
-            words.append(rng.choice(_CONNECTORS))
-            opener = opener[0].lower() + opener[1:]
-        words.extend(opener.split())
-        words.append(rng.choice(_VERBS))
-        words.extend(rng.choice(_OBJECTS).split())
-        words.extend((rng.choice(_QUALIFIERS) + ".").split())
+    words = [word for sentence in range(rng.randint(2, 4)) for word in _sentence(rng, first=not sentence)]
     tokens = [words[0], *(" " + w for w in words[1:]), "\nScore:", f" {rng.randint(1, 10)}"]
-    if len(tokens) > params.max_new_tokens:
+    while params.ignore_eos and len(tokens) < params.max_new_tokens:
+        tokens.extend(" " + w for w in _sentence(rng, first=False))  # SGLang decodes on past its end of sequence
+    if params.ignore_eos or len(tokens) > params.max_new_tokens:
         return Answer(tuple(tokens[: params.max_new_tokens]), "length")
     return Answer(tuple(tokens), "stop")
 

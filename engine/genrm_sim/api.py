@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi.responses import PlainTextResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from starlette.background import BackgroundTask
 
@@ -33,12 +33,17 @@ from genrm_sim.dialects import (
     Call,
     ChatCompletions,
     Completions,
-    ContractError,
     Dialect,
+    EarlyRefusal,
     NativeGenerate,
     Outcome,
+    SchemaError,
     classify_response,
+    native_error,
+    openai_error,
     parse_classify,
+    require,
+    token_id,
 )
 from genrm_sim.metrics import SimMetrics
 from genrm_sim.model import DuplicateRequest, Job, Scheduler
@@ -72,6 +77,18 @@ def _is_json(request: Request) -> bool:
     return request.headers.get("content-type", "").lower().split(";", 1)[0].strip() == "application/json"
 
 
+async def json_object(request: Request) -> dict[str, Any]:
+    """A request's JSON object, or FastAPI's validation error (no body, malformed JSON, not an object)."""
+    raw = await request.body()
+    require(bool(raw), "body", "Field required")
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise SchemaError(f"1 validation error: body: JSON decode error: {exc}") from None
+    require(isinstance(body, dict), "body", "an object")
+    return dict(body)
+
+
 class Simulator:
     """Binds the scheduler, the answer function and the dialects to one configuration."""
 
@@ -82,8 +99,6 @@ class Simulator:
         self.metrics.watch(self.scheduler)
         self._key = AnswerKey(config.served_model_name, config.enable_deterministic_inference, config.perturb)
         self._failures = random.Random(config.random_seed)
-        self.started = time.time()
-        """When the simulator started (``/server_info``'s ``startup_time``)."""
         self.health_timeout = contract.load().health_check_timeout_seconds
         """SGLang's HEALTH_CHECK_TIMEOUT: how long /health waits for output before answering 503."""
 
@@ -96,13 +111,11 @@ class Simulator:
         return generate
 
     async def _body(self, request: Request) -> dict[str, Any]:
-        """The JSON object of a request, with SGLang's refusals (``json_only`` routes need the header)."""
+        """The JSON object of a request, with FastAPI's refusals before SGLang's route runs
+        (``json_only`` routes need the header; an absent, malformed or non-object body)."""
         if contract.load().route(request.url.path).json_only and not _is_json(request):
-            raise BadRequest(_NOT_JSON)
-        body = json.loads(await request.body())
-        if not isinstance(body, dict):
-            raise BadRequest("the body must be a JSON object")
-        return body
+            raise SchemaError(_NOT_JSON)
+        return await json_object(request)
 
     async def handle(self, request: Request, dialect: Dialect) -> Response:
         body: dict[str, Any] | None = None
@@ -138,7 +151,7 @@ class Simulator:
         """A 400, or where SGLang has already opened the stream when it refuses (its native route
         past the schema check), a 200 stream of one error event, then ``[DONE]``."""
         if dialect.errors_in_stream and body is not None and body.get("stream") is True \
-                and not isinstance(exc, ContractError):
+                and not isinstance(exc, EarlyRefusal):
             event = {"error": {"message": str(exc), "type": "invalid_request_error", "code": 400, "retryable": False}}
             return StreamingResponse(iter([_sse(event), b"data: [DONE]\n\n"]), media_type="text/event-stream")
         return _json(dialect.error(exc), 400)
@@ -218,7 +231,7 @@ class Simulator:
                 raise BadRequest("This model does not appear to be an embedding model by default. Please add "
                                  "`--is-embedding` when launching the server or try another model.")
         except (ValueError, BadRequest) as exc:
-            return _json({"error": {"message": str(exc)}}, 400)
+            return _json(openai_error(exc) if openai else native_error(exc), 400)
         if call.batch and call.rid is not None:
             # SGLang's EmbeddingReqInput asserts "The rid should be a list." for a batch: an unhandled 500.
             return Response("Internal Server Error", 500, media_type="text/plain")
@@ -269,22 +282,26 @@ class Simulator:
                 task.cancel()
 
     async def _events(self, dialect: Dialect, call: Call, job: Job) -> AsyncIterator[JSON]:
-        """One request's stream chunks. Where the dialect reports the finish in the last token's
-        chunk (SGLang's native stream), that chunk carries it; otherwise, and after an abort,
-        closing chunks do."""
-        text, finished = "", False
+        """One request's stream chunks: the dialect's opening ones, one per token, its closing ones.
+        Where the dialect reports the finish in the last token's chunk, that chunk carries it;
+        otherwise, and after an abort, a closing chunk does."""
+        text, finished, opened = "", False, False
         async for token in self.scheduler.generate(job):
+            if not opened:
+                for chunk in dialect.opening_chunks(call, self._outcome(job, text, finished=False)):
+                    yield chunk
+                opened = True
             text += token
             finished = dialect.finish_in_last_token and job.generated == len(job.answer.tokens)
             yield dialect.chunk(call, self._outcome(job, text, finished=finished), token)
-        if not finished:
-            for chunk in dialect.closing_chunks(call, self._outcome(job, text, finished=True)):
-                yield chunk
+        for chunk in dialect.closing_chunks(call, self._outcome(job, text, finished=True), reported=finished):
+            yield chunk
 
     @staticmethod
     def _outcome(job: Job, text: str, finished: bool) -> Outcome:
         reason = ("abort" if job.aborted.is_set() else job.answer.finish_reason) if finished else None
-        return Outcome(job.rid, text, reason, job.prompt_tokens, job.generated)
+        ids = tuple(token_id(token) for token in job.answer.tokens[:job.generated])
+        return Outcome(job.rid, text, reason, job.prompt_tokens, job.generated, ids, job.timeline)
 
     @property
     def healthy(self) -> bool:
@@ -332,10 +349,11 @@ def create_app(config: SimConfig) -> tuple[FastAPI, Simulator]:
     """
     sim = Simulator(config)
     app = FastAPI(title="genrm-sim", docs_url=None, redoc_url=None, openapi_url=None)
+    served = (config.weight_version, config.enable_metrics)
     dialects: dict[str, tuple[Dialect, list[str]]] = {
-        "/generate": (NativeGenerate(), ["POST", "PUT"]),
-        "/v1/chat/completions": (ChatCompletions(), ["POST"]),
-        "/v1/completions": (Completions(), ["POST"]),
+        "/generate": (NativeGenerate(*served), ["POST", "PUT"]),
+        "/v1/chat/completions": (ChatCompletions(*served), ["POST"]),
+        "/v1/completions": (Completions(*served), ["POST"]),
     }
     for path, (dialect, methods) in dialects.items():
         app.add_api_route(path, sim.endpoint(dialect), methods=methods)
@@ -369,17 +387,33 @@ def create_app(config: SimConfig) -> tuple[FastAPI, Simulator]:
     @app.get("/server_info")
     @app.get("/get_server_info")
     async def server_info() -> Response:
-        return _json(info.server_info(config, sim.scheduler, sim.started))
+        return _json(info.server_info(config, sim.metrics))
 
     @app.get("/v1/models")
     async def models() -> Response:
-        return _json({"object": "list", "data": [{
-            "id": config.served_model_name, "object": "model", "created": 0,
-            "owned_by": "sglang", "root": config.model_path, "max_model_len": config.context_length}]})
+        return _json({"object": "list", "data": [info.model_card(config)]})
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> Response:
+        if model != config.served_model_name:
+            return _json({"error": {"message": f"The model '{model}' does not exist", "type": "invalid_request_error",
+                                    "param": "model", "code": "model_not_found"}}, 404)
+        return _json(info.model_card(config))
 
     @app.get("/v1/loads")
-    async def loads() -> Response:
-        return _json(info.loads(config, sim.scheduler, sim.metrics))
+    async def loads(include: str | None = None) -> Response:
+        try:
+            return _json(info.loads(config, sim.scheduler, sim.metrics, include))
+        except ValueError:  # raised past SGLang's handler of it (``to_dict``, out of the ``try``): a plain 500
+            return PlainTextResponse("Internal Server Error", 500)
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> Response:
+        """SGLang's radix-cache flush, refused while requests run (the simulator has no cache to flush)."""
+        if sim.scheduler.pending:
+            return Response("Flush cache failed.\n", 400)
+        return Response("Cache flushed.\nPlease check backend logs for more details. (When there are running or "
+                        "waiting requests, the operation will not be performed.)\n", 200)
 
     @app.api_route("/", methods=["GET", "HEAD"])
     async def root() -> Response:
@@ -387,13 +421,15 @@ def create_app(config: SimConfig) -> tuple[FastAPI, Simulator]:
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:
+        """SGLang's ``AbortReq`` body (a validation error unless it is one), then the abort."""
         try:
-            body = json.loads(await request.body() or b"{}")
-        except ValueError:
-            return _error(400, "the body must be JSON", "BadRequestError")
-        rid = body.get("rid") if isinstance(body, dict) else None
-        abort_all = bool(body.get("abort_all")) if isinstance(body, dict) else False
-        sim.scheduler.abort(rid if isinstance(rid, str) else None, abort_all)
+            body = await json_object(request)
+            rid, abort_all = body.get("rid"), body.get("abort_all", False)
+            require(rid is None or isinstance(rid, str), "rid", "a string")
+            require(isinstance(abort_all, bool), "abort_all", "a boolean")
+        except SchemaError as exc:
+            return _json(openai_error(exc), 400)
+        sim.scheduler.abort(rid, abort_all)
         return Response(status_code=200)
 
     if config.enable_metrics:

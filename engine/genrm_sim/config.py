@@ -40,13 +40,19 @@ class SimConfig:
     perturb: bool = False
     sigterm_poll_seconds: float = 5.0
 
+    @property
+    def weight_version(self) -> str:
+        """What SGLang reports as the weights' version (``model_info``, every response's ``meta_info``)."""
+        return self.revision or "default"
+
+    _SIM_ONLY = ("startup_seconds", "ttft_ms", "itl_ms", "max_running", "max_total_tokens", "is_generation",
+                 "crash_after", "hang", "error_rate", "perturb", "sigterm_poll_seconds")
+
     def server_args(self) -> dict[str, Any]:
         """The SGLang ``server_args`` view, so canary checks can compare replicas' launch args."""
-        args = asdict(self)
-        sim_only = ("startup_seconds", "ttft_ms", "itl_ms", "max_running", "max_total_tokens", "is_generation",
-                    "crash_after", "hang", "error_rate", "perturb", "sigterm_poll_seconds")
-        sim = {name: args.pop(name) for name in sim_only}
-        args["max_running_requests"] = sim["max_running"]
-        args["max_total_tokens"] = sim["max_total_tokens"]
-        args["simulator"] = sim
-        return args
+        args = {k: v for k, v in asdict(self).items() if k not in self._SIM_ONLY}
+        return args | {"max_running_requests": self.max_running, "max_total_tokens": self.max_total_tokens}
+
+    def simulator_args(self) -> dict[str, Any]:
+        """What only the simulator has (``/server_info``'s ``simulator``)."""
+        return {k: v for k, v in asdict(self).items() if k in self._SIM_ONLY}

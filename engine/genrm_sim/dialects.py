@@ -11,25 +11,75 @@ from __future__ import annotations
 import math
 import time
 import uuid
+import zlib
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from genrm_sim import contract
 from genrm_sim.answers import DEFAULT_MAX_NEW_TOKENS, SamplingParams
+from genrm_sim.model import Timeline
 
 JSON = dict[str, Any]
 
 # SGLang's documented default when --enable-deterministic-inference is on and no seed is given.
 DETERMINISTIC_DEFAULT_SEED = 42
+DEFAULT_MODEL_NAME = "default"
+"""The ``model`` SGLang's OpenAI request models fill in (and answer under) when the client sends none."""
 
 
 class BadRequest(ValueError):
     """The body does not describe a request this API accepts (HTTP 400)."""
 
 
-class ContractError(BadRequest):
+class EarlyRefusal(BadRequest):
+    """Refused before SGLang's route runs, so never as an event of an already open stream."""
+
+
+class SchemaError(EarlyRefusal):
+    """The body is not what the route's pydantic model takes (malformed JSON, not an object, a field of
+    the wrong type, a required one missing): FastAPI's validation error, which SGLang's handler
+    answers on every route in OpenAI's ``ErrorResponse`` shape with type ``Bad Request``."""
+
+
+class ContractError(EarlyRefusal):
     """The body breaks SGLang's ``/generate`` schema (checked before anything else, own 400 shape)."""
+
+
+def openai_error(exc: ValueError) -> JSON:
+    """OpenAI's ``ErrorResponse``: ``Bad Request`` for a validation error, ``BadRequestError`` for a
+    refusal of SGLang's serving code (ranges, context length, duplicate id, empty messages)."""
+    kind = "Bad Request" if isinstance(exc, SchemaError) else "BadRequestError"
+    return {"object": "error", "message": str(exc), "type": kind, "param": None, "code": 400}
+
+
+def native_error(exc: ValueError) -> JSON:
+    """A native route's 400 body: the validation error's, the schema check's ``{"error": text}``, or
+    the tokenizer manager's ``{"error": {"message": ...}}``."""
+    if isinstance(exc, SchemaError):
+        return openai_error(exc)
+    if isinstance(exc, ContractError):
+        return {"error": str(exc)}
+    return {"error": {"message": str(exc)}}
+
+
+def require(valid: bool, name: str, expected: str) -> None:
+    """A validation error about field ``name`` unless ``valid`` (the wording is the simulator's, not
+    pydantic's)."""
+    if not valid:
+        raise SchemaError(f"1 validation error: {name}: {expected}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _ints(value: object) -> bool:
+    return isinstance(value, list) and all(_is_int(i) for i in value)
 
 
 def _unknown_field(key: str, fields: list[str]) -> ContractError:
@@ -139,14 +189,24 @@ class Outcome:
     finish_reason: str | None
     prompt_tokens: int
     completion_tokens: int
+    output_ids: tuple[int, ...] = ()
+    timeline: Timeline = field(default_factory=Timeline)
+
+
+VOCABULARY = 32000
+"""The size of the stand-in vocabulary ``token_id`` maps into."""
+
+
+def token_id(token: str) -> int:
+    """A stable stand-in id for a generated token (the simulator has no vocabulary)."""
+    return zlib.crc32(token.encode()) % VOCABULARY
 
 
 def _number(body: JSON, name: str, default: float) -> float:
     value = body.get(name, default)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise BadRequest(f"{name} must be a number")
+    require(_is_number(value), name, "a number")
     return float(value)
 
 
@@ -154,7 +214,7 @@ def _seed(value: object, deterministic: bool) -> int | None:
     if value is None:
         return DETERMINISTIC_DEFAULT_SEED if deterministic else None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRequest("the sampling seed must be an integer")
+        raise SchemaError("1 validation error: seed: an integer")
     return value
 
 
@@ -193,6 +253,11 @@ class Dialect(ABC):
     errors_in_stream = False
     """Whether a streamed request's refusals past the schema check come as a 200 stream's error event."""
 
+    def __init__(self, weight_version: str = "default", metrics: bool = False) -> None:
+        self.weight_version = weight_version
+        self.metrics = metrics
+        """SGLang's ``--enable-metrics``: its responses then carry the request's timings."""
+
     @abstractmethod
     def parse(self, body: JSON, model: str, deterministic: bool) -> Call: ...
 
@@ -204,26 +269,43 @@ class Dialect(ABC):
 
     def error(self, exc: ValueError) -> JSON:
         """The body of a 400 (OpenAI's ``ErrorResponse`` shape; the native routes override it)."""
-        return {"object": "error", "message": str(exc), "type": "Bad Request", "param": None, "code": 400}
+        return openai_error(exc)
 
-    def closing_chunks(self, call: Call, outcome: Outcome) -> list[JSON]:
-        """Chunks sent after the last token, before ``[DONE]``."""
+    def opening_chunks(self, call: Call, outcome: Outcome) -> list[JSON]:
+        """Chunks sent before the first token's."""
         return []
+
+    @abstractmethod
+    def closing_chunks(self, call: Call, outcome: Outcome, reported: bool) -> list[JSON]:
+        """Chunks sent after the last token, before ``[DONE]``; ``reported``: the last token's chunk
+        carried the finish reason already."""
+
+    def _versions(self, outcome: Outcome) -> list[JSON]:
+        """SGLang's ``weight_versions``: which weights produced which output tokens (one span here)."""
+        return [{"version": self.weight_version, "start": 0, "end": outcome.completion_tokens}]
 
 
 class NativeGenerate(Dialect):
     """SGLang ``/generate``: ``text``/``input_ids`` + ``sampling_params``; streams cumulative text."""
 
     def parse(self, body: JSON, model: str, deterministic: bool) -> Call:
-        prompt = body.get("text", body.get("input_ids"))
-        if prompt is None:
-            raise BadRequest("either text or input_ids is required")
-        sampling = body.get("sampling_params") or {}
-        samplings = sampling if isinstance(sampling, list) else [sampling]
-        if not all(isinstance(item, dict) for item in samplings):
-            raise BadRequest("sampling_params must be an object")
+        text, ids, sampling, rid = (body.get(k) for k in ("text", "input_ids", "sampling_params", "rid"))
+        # GenerateReqInput's field types (FastAPI validates them before the route runs)
+        require(text is None or isinstance(text, str) or (isinstance(text, list)
+                                                          and all(isinstance(t, str) for t in text)),
+                "text", "a string or a list of strings")
+        require(ids is None or _ints(ids) or (isinstance(ids, list) and all(_ints(i) for i in ids)),
+                "input_ids", "a list of integers or a list of lists of integers")
+        require(sampling is None or isinstance(sampling, dict) or (isinstance(sampling, list) and all(
+            isinstance(item, dict) for item in sampling)), "sampling_params", "an object or a list of objects")
+        require(rid is None or isinstance(rid, str) or (isinstance(rid, list) and all(
+            isinstance(r, str) for r in rid)), "rid", "a string or a list of strings")
+        samplings: list[JSON] = sampling if isinstance(sampling, list) else [sampling or {}]
         for item in samplings:
             _strict_sampling_params(item)
+        prompt = text if text is not None else ids
+        if prompt is None:
+            raise BadRequest("Either text, input_ids or input_embeds should be provided.")
         for item in samplings:
             verify_sampling(item)
         stream = bool(body.get("stream"))
@@ -231,7 +313,7 @@ class NativeGenerate(Dialect):
         if prompts is None:
             return Call(_rid(body), prompt, self._params(samplings[0], deterministic), stream, False, model,
                         requested_max_new_tokens=samplings[0].get("max_new_tokens"))
-        rids = _member_rids(body.get("rid"), len(prompts))
+        rids = _member_rids(rid, len(prompts))
         if len(samplings) not in (1, len(prompts)):
             raise BadRequest("sampling_params must be an object or one per prompt")
         members = tuple(Call(rid, item, self._params(samplings[i % len(samplings)], deterministic), stream, False,
@@ -247,13 +329,14 @@ class NativeGenerate(Dialect):
             top_k=int(_number(sampling, "top_k", -1)),
             max_new_tokens=int(_number(sampling, "max_new_tokens", DEFAULT_MAX_NEW_TOKENS)),
             sampling_seed=_seed(sampling.get("sampling_seed"), deterministic),
+            ignore_eos=sampling.get("ignore_eos") is True,
         )
 
     def response(self, call: Call, outcome: Outcome) -> JSON:
-        return {"text": outcome.text, "meta_info": self._meta(outcome)}
+        return {"text": outcome.text, "output_ids": list(outcome.output_ids), "meta_info": self._meta(outcome)}
 
     def error(self, exc: ValueError) -> JSON:
-        return {"error": str(exc) if isinstance(exc, ContractError) else {"message": str(exc)}}
+        return native_error(exc)
 
     errors_in_stream = True
     """SGLang's ``/generate`` opens a stream before its tokenizer manager validates the request
@@ -266,18 +349,40 @@ class NativeGenerate(Dialect):
         """SGLang streams the cumulative text, so a chunk is the response so far."""
         return self.response(call, outcome)
 
-    def closing_chunks(self, call: Call, outcome: Outcome) -> list[JSON]:
-        return [self.response(call, outcome)]
+    def closing_chunks(self, call: Call, outcome: Outcome, reported: bool) -> list[JSON]:
+        return [] if reported else [self.response(call, outcome)]
 
-    @staticmethod
-    def _meta(outcome: Outcome) -> JSON:
-        return {
-            "id": outcome.rid,
-            "finish_reason": _finish(outcome),
-            "prompt_tokens": outcome.prompt_tokens,
-            "completion_tokens": outcome.completion_tokens,
-            "cached_tokens": 0,
-        }
+    def _meta(self, outcome: Outcome) -> JSON:
+        """``meta_info`` as SGLang's tokenizer manager builds it (``_handle_batch_output``): counts,
+        weight version, no cache hits and, under ``--enable-metrics``, the request's timings; a
+        finished request adds its spans and latencies; a stream's first chunk when it was sent."""
+        times, finished = outcome.timeline, outcome.finish_reason is not None
+        meta: JSON = {"id": outcome.rid, "finish_reason": _finish(outcome), "prompt_tokens": outcome.prompt_tokens,
+                      "weight_version": self.weight_version, "num_retractions": 0}
+        if self.metrics:
+            meta |= {"storage_prefetch_wait": 0.0, "storage_staging_wait": 0.0}
+            meta |= {k: v for k, v in (("forward_entry_time", times.scheduled),
+                                       ("prefill_finished_time", times.first_token)) if v}
+            meta["queue_time"] = max(0.0, times.scheduled - times.received) if times.scheduled else 0.0
+        meta |= {"reasoning_tokens": 0, "completion_tokens": outcome.completion_tokens, "cached_tokens": 0}
+        if finished:
+            meta["weight_versions"] = self._versions(outcome)
+        meta |= {"cached_tokens_details": None, "dp_rank": None}
+        now = time.time()
+        if finished:
+            meta["e2e_latency"] = (times.finished or now) - times.received
+            if self.metrics:
+                meta |= {"request_received_ts": times.received, "api_server_dispatch_finish_ts": times.received}
+                if times.first_token:
+                    meta["first_token_latency"] = times.first_token - times.received
+                    decode = (times.finished or now) - times.first_token
+                    if decode > 0 and outcome.completion_tokens > 1:
+                        meta["decode_throughput"] = (outcome.completion_tokens - 1) / decode
+                meta["request_finished_ts"] = times.finished or now
+            meta["response_sent_to_client_ts"] = now
+        elif outcome.completion_tokens == 1:
+            meta["response_sent_to_client_ts"] = now
+        return meta
 
 
 EOS_TOKEN_ID = 2
@@ -297,6 +402,12 @@ def _finish(outcome: Outcome) -> JSON | None:
     return None
 
 
+_OPENAI_NUMBERS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                   "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
+                   "repetition_penalty": "repetition_penalty", "min_tokens": "min_new_tokens"}
+"""OpenAI body fields SGLang hands to ``SamplingParams`` (and so to ``verify``), by their sampling name."""
+
+
 class _OpenAI(Dialect):
     """Fields shared by the OpenAI-compatible routes."""
 
@@ -307,27 +418,39 @@ class _OpenAI(Dialect):
     """The ``max_tokens`` SGLang's OpenAI request model fills in when the client sends none."""
 
     def parse(self, body: JSON, model: str, deterministic: bool) -> Call:
+        """The request model's field types (a validation error), then SGLang's serving checks:
+        the prompt, ``SamplingParams.verify``'s ranges."""
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        require(max_tokens is None or _is_int(max_tokens), "max_tokens", "an integer")
+        require(isinstance(body.get("model", ""), str), "model", "a string")
+        given = {key: body[key] for key in _OPENAI_NUMBERS if body.get(key) is not None}
+        for key, value in given.items():
+            require(_is_number(value), key, "a number")
+        sampling = {_OPENAI_NUMBERS[key]: value for key, value in given.items()}
+        prompt = self.prompt(body)
+        verify_sampling(sampling | ({} if max_tokens is None else {"max_new_tokens": max_tokens}))
         params = SamplingParams(
-            temperature=_number(body, "temperature", 1.0),
-            top_p=_number(body, "top_p", 1.0),
-            top_k=int(_number(body, "top_k", -1)),
-            max_new_tokens=int(max_tokens) if isinstance(max_tokens, int) else self.default_max_tokens,
+            temperature=float(sampling.get("temperature", 1.0)),
+            top_p=float(sampling.get("top_p", 1.0)),
+            top_k=int(sampling.get("top_k", -1)),
+            max_new_tokens=max_tokens if max_tokens is not None else self.default_max_tokens,
             sampling_seed=_seed(body.get("seed", body.get("sampling_seed")), deterministic),
+            ignore_eos=body.get("ignore_eos") is True,
         )
         options = body.get("stream_options") or {}
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        requested = max_tokens if isinstance(max_tokens, int) else self.default_requested
-        return Call(_rid(body), self.prompt(body), params, bool(body.get("stream")), include_usage, model,
-                    requested_max_new_tokens=requested)
+        requested = max_tokens if max_tokens is not None else self.default_requested
+        return Call(_rid(body), prompt, params, bool(body.get("stream")), include_usage,
+                    body.get("model", DEFAULT_MODEL_NAME), requested_max_new_tokens=requested)
 
     @abstractmethod
     def prompt(self, body: JSON) -> object: ...
 
     @abstractmethod
-    def choice(self, text: str, finish_reason: str | None, streaming: bool) -> JSON: ...
+    def choice(self, text: str | None, outcome: Outcome, streaming: bool) -> JSON: ...
 
     def _envelope(self, call: Call, outcome: Outcome, object_name: str, choices: list[JSON]) -> JSON:
+        """SGLang answers under the model name the request gave, whatever it serves."""
         return {
             "id": outcome.rid,
             "object": object_name,
@@ -337,60 +460,91 @@ class _OpenAI(Dialect):
         }
 
     @staticmethod
-    def _usage(outcome: Outcome) -> JSON:
-        return {
-            "prompt_tokens": outcome.prompt_tokens,
-            "completion_tokens": outcome.completion_tokens,
-            "total_tokens": outcome.prompt_tokens + outcome.completion_tokens,
-        }
+    def _usage(outcome: Outcome, details: bool = True) -> JSON:
+        counts = {"prompt_tokens": outcome.prompt_tokens,
+                  "total_tokens": outcome.prompt_tokens + outcome.completion_tokens,
+                  "completion_tokens": outcome.completion_tokens}
+        if not details:
+            return counts | {"reasoning_tokens": 0}
+        return counts | {"prompt_tokens_details": None, "reasoning_tokens": 0, "completion_tokens_details": None}
 
     def response(self, call: Call, outcome: Outcome) -> JSON:
-        choice = self.choice(outcome.text, outcome.finish_reason, streaming=False)
-        return self._envelope(call, outcome, self.object_name, [choice]) | {"usage": self._usage(outcome)}
+        choice = self.choice(outcome.text, outcome, streaming=False)
+        return self._envelope(call, outcome, self.object_name, [choice]) | {
+            "usage": self._usage(outcome),
+            "metadata": {"weight_version": self.weight_version, "weight_versions": self._versions(outcome)}}
 
     def chunk(self, call: Call, outcome: Outcome, delta: str) -> JSON:
-        choice = self.choice(delta, outcome.finish_reason, streaming=True)
-        return self._envelope(call, outcome, self.chunk_object_name, [choice])
+        return self._envelope(call, outcome, self.chunk_object_name, [self.choice(delta, outcome, streaming=True)])
 
-    def closing_chunks(self, call: Call, outcome: Outcome) -> list[JSON]:
-        finish = self.chunk(call, outcome, "")
+    def _usage_chunks(self, call: Call, outcome: Outcome, details: bool) -> list[JSON]:
         if not call.include_usage:
-            return [finish]
-        return [finish, self._envelope(call, outcome, self.chunk_object_name, []) | {
-            "usage": self._usage(outcome)}]
+            return []
+        return [self._envelope(call, outcome, self.chunk_object_name, []) | {"usage": self._usage(outcome, details)}]
+
+
+def _matched(outcome: Outcome) -> int | None:
+    return EOS_TOKEN_ID if outcome.finish_reason == "stop" else None
 
 
 class ChatCompletions(_OpenAI):
+    """``/v1/chat/completions``; a stream opens with the role's chunk and closes with the finish
+    reason's, which carries no content (SGLang's ``serving_chat``)."""
+
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
     default_max_tokens = DEFAULT_MAX_NEW_TOKENS
 
     def prompt(self, body: JSON) -> object:
         messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("messages must be a non-empty list")
+        require(messages is not None, "messages", "Field required")
+        require(isinstance(messages, list), "messages", "a list")
+        if not messages:
+            raise BadRequest("Messages cannot be empty.")
         return messages
 
-    def choice(self, text: str, finish_reason: str | None, streaming: bool) -> JSON:
-        message = {"role": "assistant", "content": text}
-        key = "delta" if streaming else "message"
-        return {"index": 0, key: message, "logprobs": None, "finish_reason": finish_reason}
+    def choice(self, text: str | None, outcome: Outcome, streaming: bool) -> JSON:
+        message: JSON = {"role": "assistant", "content": text, "reasoning_content": None}
+        if streaming:
+            message = {"reasoning_content": None} if text is None else {"reasoning_content": None, "content": text}
+        return {"index": 0, "delta" if streaming else "message": message, "logprobs": None,
+                "finish_reason": outcome.finish_reason, "matched_stop": _matched(outcome)}
+
+    def opening_chunks(self, call: Call, outcome: Outcome) -> list[JSON]:
+        role = {"index": 0, "delta": {"reasoning_content": None, "role": "assistant", "content": ""},
+                "logprobs": None, "finish_reason": None, "matched_stop": None}
+        return [self._envelope(call, outcome, self.chunk_object_name, [role])]
+
+    def closing_chunks(self, call: Call, outcome: Outcome, reported: bool) -> list[JSON]:
+        finish = self._envelope(call, outcome, self.chunk_object_name, [self.choice(None, outcome, streaming=True)])
+        return [finish, *self._usage_chunks(call, outcome, details=True)]
 
 
 class Completions(_OpenAI):
+    """``/v1/completions``; a stream's chunks carry ``usage: null`` and the last token's the finish
+    reason (SGLang's ``serving_completions``)."""
+
     object_name = "text_completion"
     chunk_object_name = "text_completion"
     default_max_tokens = 16
     default_requested = 16
+    finish_in_last_token = True
 
     def prompt(self, body: JSON) -> object:
         prompt = body.get("prompt")
-        if prompt is None:
-            raise BadRequest("prompt is required")
+        require(prompt is not None, "prompt", "Field required")
         return prompt
 
-    def choice(self, text: str, finish_reason: str | None, streaming: bool) -> JSON:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    def choice(self, text: str | None, outcome: Outcome, streaming: bool) -> JSON:
+        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": outcome.finish_reason,
+                "matched_stop": _matched(outcome)}
+
+    def chunk(self, call: Call, outcome: Outcome, delta: str) -> JSON:
+        return super().chunk(call, outcome, delta) | {"usage": None}
+
+    def closing_chunks(self, call: Call, outcome: Outcome, reported: bool) -> list[JSON]:
+        finish = [] if reported else [self.chunk(call, outcome, "")]
+        return [*finish, *self._usage_chunks(call, outcome, details=False)]
 
 
 @dataclass(frozen=True)

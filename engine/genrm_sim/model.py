@@ -27,6 +27,17 @@ class DuplicateRequest(ValueError):
 
 
 @dataclass
+class Timeline:
+    """When one request reached each stage (``time.time()``, 0.0 until then): SGLang reports them in
+    its ``meta_info``."""
+
+    received: float = field(default_factory=time.time)
+    scheduled: float = 0.0
+    first_token: float = 0.0
+    finished: float = 0.0
+
+
+@dataclass
 class Job:
     """One generation request while the scheduler knows it."""
 
@@ -41,6 +52,7 @@ class Job:
     running: bool = False
     """Whether it holds a slot of the running batch (else it waits in the queue)."""
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
+    timeline: Timeline = field(default_factory=Timeline)
 
 
 class Scheduler:
@@ -131,6 +143,7 @@ class Scheduler:
             async with self._slots:
                 self._running += 1
                 job.running = True
+                job.timeline.scheduled = time.time()
                 try:
                     if job.log_metrics:
                         self._metrics.queue_time.observe(time.monotonic() - arrived)
@@ -143,6 +156,7 @@ class Scheduler:
                     self._running -= 1
                     job.running = False
         finally:
+            job.timeline.finished = time.time()
             self.release(job)
             if job.log_metrics:
                 self._metrics.finished(job, time.monotonic() - arrived)
@@ -160,6 +174,7 @@ class Scheduler:
             os._exit(1)
         for index, token in enumerate(job.answer.tokens):
             if index == 0:
+                job.timeline.first_token = time.time()
                 if job.log_metrics:
                     self._metrics.first_token(job, time.monotonic() - arrived)
             elif not await self._pause(job, self._config.itl_ms):

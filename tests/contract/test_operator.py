@@ -108,7 +108,8 @@ def test_each_example_renders_an_engine_that_starts(path: Path, sglang: Contract
     env = {e["name"]: e.get("value") for e in container["env"]}
     mounts = [m["mountPath"] for m in container["volumeMounts"]]
     local_model = any(spec.model.path.startswith(f"{mount}/") for mount in mounts)
-    assert local_model or env.get("HF_HOME") in mounts, "the model (or its cache) must be mounted where the engine reads it"
+    assert local_model or env.get("HF_HOME") in mounts, \
+        "the model (or its cache) must be mounted where the engine reads it"
 
 
 def test_the_project_pins_one_sglang_release(sglang: Contract) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 from genrm_sim import cli
+from genrm_sim.dialects import NativeGenerate, Outcome
 from genrm_testing import free_port, run_sim, wait_ready
 
 pytestmark = pytest.mark.timeout(60)
@@ -451,3 +452,115 @@ def test_sigterm_like_sglang_health_503_requests_still_served_then_exit() -> Non
         thread.join()
         assert result[0].status_code == 200
         assert sim.process.wait(5) == 0
+
+
+def test_ignore_eos_decodes_to_max_new_tokens_on_every_api() -> None:
+    """SGLang ignores the end of sequence with ``ignore_eos``: the output is exactly as long as asked."""
+    with run_sim() as sim:
+        native = httpx.post(f"{sim.url}/generate", json={"text": "x", "sampling_params": {
+            "max_new_tokens": 300, "temperature": 0, "ignore_eos": True}}).json()
+        assert native["meta_info"]["finish_reason"] == {"type": "length", "length": 300}
+        assert len(native["output_ids"]) == native["meta_info"]["completion_tokens"] == 300
+        assert native["text"].startswith(generate(sim.url, {"text": "x", "sampling_params": {"temperature": 0}}))
+        chat = httpx.post(f"{sim.url}/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "x"}], "max_tokens": 90, "ignore_eos": True}).json()
+        assert (chat["usage"]["completion_tokens"], chat["choices"][0]["finish_reason"]) == (90, "length")
+
+
+def test_a_native_answer_carries_sglangs_meta_info_and_token_ids() -> None:
+    """``meta_info`` as SGLang's tokenizer manager builds it, timings only under ``--enable-metrics``;
+    a stream's first chunk says when it was sent, its last adds the spans and latencies."""
+    with run_sim("--sim-itl-ms", "1") as sim, run_sim("--sim-itl-ms", "1", "--revision", "r7") as other:
+        body = {"text": "x", "sampling_params": {"max_new_tokens": 5, "temperature": 0}}
+        answer = httpx.post(f"{sim.url}/generate", json=body).json()
+        meta = answer["meta_info"]
+        assert len(answer["output_ids"]) == 5 and all(isinstance(i, int) for i in answer["output_ids"])
+        assert httpx.post(f"{sim.url}/generate", json=body).json()["output_ids"] == answer["output_ids"]  # greedy
+        assert (meta["weight_version"], meta["num_retractions"], meta["cached_tokens_details"]) == ("default", 0, None)
+        assert meta["weight_versions"] == [{"version": "default", "start": 0, "end": 5}]
+        assert meta["request_received_ts"] <= meta["forward_entry_time"] <= meta["request_finished_ts"]
+        assert meta["e2e_latency"] > 0 and meta["decode_throughput"] > 0
+        with httpx.stream("POST", f"{sim.url}/generate", json={**body, "stream": True}) as stream:
+            chunks = [json.loads(line[6:]) for line in stream.iter_lines() if line and line != "data: [DONE]"]
+        assert [len(c["output_ids"]) for c in chunks] == [1, 2, 3, 4, 5]  # cumulative, as the text
+        assert ["response_sent_to_client_ts" in c["meta_info"] for c in chunks] == [True, False, False, False, True]
+        assert "e2e_latency" in chunks[-1]["meta_info"] and "e2e_latency" not in chunks[-2]["meta_info"]
+        assert httpx.post(f"{other.url}/generate", json=body).json()["meta_info"]["weight_version"] == "r7"
+    call, outcome = NativeGenerate().parse({"text": "x"}, "m", False), Outcome("r", "t", "length", 1, 1)
+    assert "queue_time" not in NativeGenerate().response(call, outcome)["meta_info"]  # without --enable-metrics
+    assert "queue_time" in NativeGenerate(metrics=True).response(call, outcome)["meta_info"]
+
+
+def test_what_fastapi_refuses_is_refused_in_openais_error_shape() -> None:
+    """A body SGLang's request model cannot validate is refused before its route runs, on every route,
+    as ``{"object": "error", ..., "type": "Bad Request", "code": 400}``; SGLang's own refusals on the
+    OpenAI routes have type ``BadRequestError``."""
+    with run_sim() as sim:
+        def refused(path: str, **request: object) -> dict[str, object]:
+            response = httpx.post(f"{sim.url}{path}", **request)  # type: ignore[arg-type]
+            assert response.status_code == 400, (path, request, response.text)
+            body: dict[str, object] = response.json()
+            return body
+
+        for content in (b"", b'{"text": ', b"[1, 2]"):
+            assert refused("/generate", content=content)["type"] == "Bad Request"
+        for body in ({"text": 5}, {"input_ids": "1 2"}, {"text": "x", "rid": 7}, {"text": "x", "sampling_params": 1}):
+            assert refused("/generate", json=body)["type"] == "Bad Request"
+        assert refused("/generate", json={"sampling_params": {}})["error"] == {
+            "message": "Either text, input_ids or input_embeds should be provided."}
+        assert refused("/abort_request", content=b"")["type"] == "Bad Request"
+        assert refused("/abort_request", json={"rid": 3})["type"] == "Bad Request"
+        chat = {"messages": [{"role": "user", "content": "x"}]}
+        assert refused("/v1/chat/completions", json={**chat, "max_tokens": "many"})["type"] == "Bad Request"
+        assert refused("/v1/chat/completions", json={"model": "m"})["type"] == "Bad Request"
+        for body in ({**chat, "temperature": -1}, {**chat, "top_p": 0}, {**chat, "messages": []}):
+            assert refused("/v1/chat/completions", json=body)["type"] == "BadRequestError", body
+        assert refused("/v1/classify", json={"input": "x"})["type"] == "BadRequestError"  # not a reward model
+
+
+def test_openai_answers_and_streams_have_sglangs_framing() -> None:
+    """Answers under the request's model name; chat streams open with the role's chunk and close with
+    the finish reason's, without content; completion chunks carry ``usage: null`` and the last token's
+    the finish reason."""
+    with run_sim("--served-model-name", "judge") as sim:
+        chat = {"model": "any-name", "messages": [{"role": "user", "content": "x"}], "max_tokens": 3}
+        answer = httpx.post(f"{sim.url}/v1/chat/completions", json=chat).json()
+        assert answer["model"] == "any-name" and answer["choices"][0]["message"]["reasoning_content"] is None
+        assert answer["metadata"] == {"weight_version": "default",
+                                      "weight_versions": [{"version": "default", "start": 0, "end": 3}]}
+        with httpx.stream("POST", f"{sim.url}/v1/chat/completions", json={**chat, "stream": True}) as stream:
+            deltas = [(c["choices"][0]["delta"], c["choices"][0]["finish_reason"])
+                      for c in (json.loads(line[6:]) for line in stream.iter_lines()
+                                if line and line != "data: [DONE]")]
+        assert deltas[0] == ({"reasoning_content": None, "role": "assistant", "content": ""}, None)
+        assert [set(d) for d, _ in deltas[1:-1]] == [{"reasoning_content", "content"}] * 3
+        assert deltas[-1] == ({"reasoning_content": None}, "length")
+        with httpx.stream("POST", f"{sim.url}/v1/completions", json={"prompt": "x", "max_tokens": 3, "stream": True,
+                                                                     "stream_options": {"include_usage": True}}) as s:
+            chunks = [json.loads(line[6:]) for line in s.iter_lines() if line and line != "data: [DONE]"]
+        assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None, None, "length"]
+        assert all(c["usage"] is None for c in chunks[:-1]) and chunks[-1]["usage"]["completion_tokens"] == 3
+
+
+def test_model_cards_cache_flush_and_load_sections_as_sglang() -> None:
+    with run_sim("--served-model-name", "judge", "--sim-ttft-ms", "500") as sim:
+        card = httpx.get(f"{sim.url}/v1/models/judge").json()
+        assert card == httpx.get(f"{sim.url}/v1/models").json()["data"][0] | {"created": card["created"]}
+        assert (card["root"], card["parent"]) == ("judge", None)
+        missing = httpx.get(f"{sim.url}/v1/models/other")
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+        assert httpx.post(f"{sim.url}/flush_cache").text.startswith("Cache flushed.")
+        busy = threading.Thread(target=lambda: httpx.post(f"{sim.url}/generate", json={"text": "x"}, timeout=10))
+        busy.start()
+        time.sleep(0.2)
+        refused = httpx.get(f"{sim.url}/flush_cache")
+        assert (refused.status_code, refused.text) == (400, "Flush cache failed.\n")
+        busy.join()
+        full = httpx.get(f"{sim.url}/v1/loads").json()["loads"][0]
+        assert {"memory", "disaggregation", "queues"} <= set(full)
+        core = httpx.get(f"{sim.url}/v1/loads", params={"include": "core"}).json()["loads"][0]
+        assert set(full) - set(core) == {"memory", "disaggregation", "queues"}
+        assert httpx.get(f"{sim.url}/v1/loads", params={"include": "nope"}).status_code == 500  # SGLang's, unhandled
+        info = httpx.get(f"{sim.url}/server_info").json()
+        assert set(info["startup_time"]) >= {"load_weight", "tokenizer_e2e"}
+        assert info["internal_states"][0]["max_running_requests"] == info["max_running_requests"]
