@@ -158,6 +158,8 @@ ASKS: dict[str, Ask] = {
     "generate malformed JSON": Ask("POST", "/generate", raw=b'{"text": ', headers=JSON_TYPE),
     "generate empty body": Ask("POST", "/generate", raw=b"", headers=JSON_TYPE),
     "generate body not an object": Ask("POST", "/generate", [1, 2]),
+    "generate with a form content type": Ask("POST", "/generate", raw=b'{"text": "x"}',
+                                             headers={"content-type": "application/x-www-form-urlencoded"}),
     "generate missing prompt": Ask("POST", "/generate", {"sampling_params": {"max_new_tokens": 2}}),
     "generate text of a wrong type": Ask("POST", "/generate", {"text": 5}),
     "generate input_ids of a wrong type": Ask("POST", "/generate", {"input_ids": "1 2 3"}),

@@ -77,10 +77,22 @@ def _is_json(request: Request) -> bool:
     return request.headers.get("content-type", "").lower().split(";", 1)[0].strip() == "application/json"
 
 
+def _parsed_as_json(request: Request) -> bool:
+    """FastAPI parses a body as JSON only without a content type or with a JSON one (``application/json``,
+    ``application/*+json``); any other body reaches the route's model as bytes, which it refuses."""
+    media = request.headers.get("content-type")
+    if media is None:
+        return True
+    kind = media.lower().split(";", 1)[0].strip()
+    return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
+
+
 async def json_object(request: Request) -> dict[str, Any]:
-    """A request's JSON object, or FastAPI's validation error (no body, malformed JSON, not an object)."""
+    """A request's JSON object, or FastAPI's validation error (no body, malformed JSON, not an object,
+    a body of another content type, such as the form type ``curl -d`` sends)."""
     raw = await request.body()
     require(bool(raw), "body", "Field required")
+    require(_parsed_as_json(request), "body", "an object (the body's content type is not JSON)")
     try:
         body = json.loads(raw)
     except ValueError as exc:
