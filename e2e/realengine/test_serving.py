@@ -48,8 +48,22 @@ def pool(cluster: Cluster, operator: OperatorProcess, models: Path) -> Iterator[
     cluster.kubectl("apply", "-f", "-", input=manifest)
     cluster.wait_serving(NAMESPACE, POOL, 1, timeout=300)
     LANE.replicas += 1
+    published_only_once_ready(cluster, f"{POOL}-0")
     yield NAMESPACE
     cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+
+
+def published_only_once_ready(cluster: Cluster, pod: str) -> None:
+    """The operator published ``pod`` no earlier than SGLang declared itself ready (its warm-up done),
+    to the second both record."""
+    events = json.loads(cluster.kubectl("get", "events", "-n", NAMESPACE, "--field-selector",
+                                        "reason=ReplicaPublished", "-o", "json"))["items"]
+    stamps = [e.get("eventTime") or e.get("lastTimestamp") or e["firstTimestamp"] for e in events
+              if pod in (e.get("message") or e.get("note") or "")]
+    assert stamps, events
+    published = datetime.datetime.strptime(stamps[0][:19], "%Y-%m-%dT%H:%M:%S")
+    engine_log = Path(cluster.local.logs_for(pod, NAMESPACE)["engine"]).read_text(errors="replace")
+    assert published >= log_time(engine_log, "The server is fired up and ready to roll"), (published, stamps)
 
 
 def live_pods(cluster: Cluster) -> list[dict[str, Any]]:

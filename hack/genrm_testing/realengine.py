@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from genrm_testing import free_port, wait_ready
+from genrm_testing import RunningSim, free_port, wait_ready
 
 HERE = Path(__file__).resolve().parent.parent / "sglang_engine"
 ENV_SCRIPT = HERE.parent / "engine-env.sh"
@@ -118,14 +118,10 @@ def _clean_env() -> dict[str, str]:
 
 
 @dataclass(frozen=True)
-class RunningEngine:
-    process: subprocess.Popen[bytes]
-    port: int
-    log: Path
+class RunningEngine(RunningSim):
+    """A running real engine: the simulator's handle, and where its log goes."""
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    log: Path
 
 
 @contextmanager
