@@ -13,10 +13,11 @@ set -euo pipefail
 SGLANG_VERSION=0.5.23
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REQS="$HERE/sglang_engine/requirements.txt"
+PINS="$HERE/sglang_engine/constraints.txt"
 log() { printf '[engine-env] %s\n' "$*" >&2; }
 
 CACHE="${GENRM_CACHE:-$HOME/.cache/genrm-operator}"
-KEY="$( (echo "$SGLANG_VERSION"; cat "$REQS") | sha1sum | cut -c1-10)"
+KEY="$( (echo "$SGLANG_VERSION"; cat "$REQS" "$PINS") | sha1sum | cut -c1-10)"
 OUT="$CACHE/engine/sglang-$SGLANG_VERSION-$KEY"
 mkdir -p "$CACHE/engine"
 exec 9>"$CACHE/engine/.install.lock"
@@ -29,10 +30,14 @@ log "installing sglang==$SGLANG_VERSION into $OUT (about 7 GB; minutes on a cold
 python3 -m venv "$OUT"
 "$OUT/bin/python" -m pip install -q -U pip
 # Binary wheels only: a source build of any of these would take longer than the whole lane.
-"$OUT/bin/python" -m pip install -q --only-binary=:all: -r "$REQS" \
+"$OUT/bin/python" -m pip install -q --only-binary=:all: -r "$REQS" -c "$PINS" \
   || { log "the engine's requirements did not install (above); the real-engine lane cannot run"; exit 1; }
 "$OUT/bin/python" -m pip install -q --no-deps "sglang==$SGLANG_VERSION" \
   || { log "sglang==$SGLANG_VERSION did not install (above)"; exit 1; }
 touch "$OUT/.installed"
+# Environments of other pins are of no further use to this checkout; 7 GB each.
+for old in "$CACHE"/engine/sglang-*; do
+  [[ "$old" != "$OUT" && -d "$old" ]] && { log "removing $old (other pins)"; rm -rf "$old"; }
+done
 log "installed in $((SECONDS - start))s ($(du -sh "$OUT" | cut -f1))"
 echo "$OUT"

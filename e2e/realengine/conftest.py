@@ -19,7 +19,7 @@ from genrm_cluster.cluster import LocalCluster
 from genrm_testing import realengine
 
 from ..harness import REPO, Cluster
-from .lane import LANE
+from .lane import LANE, started_pods
 
 
 @pytest.fixture(scope="session")
@@ -39,6 +39,15 @@ def cluster(engine_env: Path, models: Path) -> Iterator[Cluster]:
     with LocalCluster(nodes=1, gpus_per_node=8, crds=[REPO / "crds" / "genrm.io_genrmpools.yaml"],
                       images={realengine.IMAGE: engine_env}) as local:
         yield Cluster(local)
+
+
+@pytest.fixture(autouse=True)
+def count_replicas(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test with its own namespace, the pods the node agent started in it go into the lane's
+    replica count (each ran a real engine), however the test ended."""
+    yield
+    if "namespace" in request.fixturenames:
+        LANE.replicas += started_pods(request.getfixturevalue("cluster"), request.getfixturevalue("namespace"))
 
 
 @pytest.hookimpl(trylast=True)

@@ -86,8 +86,10 @@ def differences(real: Shape, sim: Shape, path: str = "") -> list[str]:
                 lines.extend(differences(real[key], sim[key], at))
         return lines
     if isinstance(real, list) and isinstance(sim, list):
+        if not real and not sim:
+            return []  # two empty lists say nothing about their elements
         if not real or not sim:
-            return []  # an empty list says nothing about its elements
+            return [f"{path}: real {'[]' if not real else 'non-empty'}, sim {'[]' if not sim else 'non-empty'}"]
         if len(real) == len(sim) == 1:
             return differences(real[0], sim[0], f"{path}[]")
     return [f"{path}: real {_show(real)}, sim {_show(sim)}"]

@@ -11,10 +11,12 @@ link is back their replacement verifies and serves.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+from genrm_operator.core.names import VERIFICATION_MESSAGE_ANNOTATION
 from genrm_testing import realengine
 
 from ..harness import Cluster, wait_for
@@ -40,7 +42,6 @@ def test_greedy_verification_publishes_an_identical_real_replica_and_refuses_oth
     point(node_models / "judge", models / "tiny-judge")
     cluster.kubectl("apply", "-f", "-", input=real_pool_manifest(POOL, namespace, node_models, model="judge"))
     cluster.wait_serving(namespace, POOL, 1, timeout=300)
-    LANE.replicas += 1
 
     point(node_models / "judge", models / "tiny-judge-other")
     cluster.scale(namespace, POOL, 2)
@@ -53,14 +54,22 @@ def test_greedy_verification_publishes_an_identical_real_replica_and_refuses_oth
     # The replacement waits out a back-off of at least 10 s: time to turn the link before it loads.
     failures = wait_for("the replica with other weights to fail verification", lambda: refused(1), timeout=300,
                         interval=0.5)
+    loaded_before = {p["metadata"]["name"] for p in cluster.pods(namespace, POOL)} | replicas_named(failures)
     point(node_models / "judge", models / realengine.SETTINGS_VARIANT[0])
     failures = wait_for("the replica with another setting to fail verification", lambda: refused(2), timeout=300,
                         interval=0.5)
     assert all("differs" in entry["message"] for entry in failures), failures
-    LANE.replicas += 2
+    assert replicas_named(failures[1:]).isdisjoint(loaded_before), "the second refused replica loaded the setting"
 
     point(node_models / "judge", models / "tiny-judge")
-    status = cluster.wait_serving(namespace, POOL, 2, timeout=400)["status"]
-    LANE.replicas += 1
+    pool = cluster.wait_serving(namespace, POOL, 2, timeout=400)
+    assert pool["status"]["history"][-1]["outcome"] == "Succeeded", pool["status"]["history"]
+    newest = max(cluster.pods(namespace, POOL), key=lambda p: p["metadata"]["creationTimestamp"])
+    message = newest["metadata"].get("annotations", {}).get(VERIFICATION_MESSAGE_ANNOTATION, "")
+    assert "identical to the reference" in message, newest["metadata"]
     LANE.verified += 1
-    assert status["history"][-1]["outcome"] == "Succeeded", status["history"]
+
+
+def replicas_named(entries: list[dict[str, Any]]) -> set[str]:
+    """The replicas the history entries' messages name."""
+    return {name for entry in entries for name in re.findall(rf"\b{POOL}-\d+\b", entry["message"])}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import email.message
 import json
 import random
 import secrets
@@ -74,22 +75,26 @@ def _sse(payload: Any) -> bytes:
 
 
 def _is_json(request: Request) -> bool:
-    return request.headers.get("content-type", "").lower().split(";", 1)[0].strip() == "application/json"
+    """SGLang's ``validate_json_request`` of the OpenAI routes: the media type exactly, unstripped."""
+    return request.headers.get("content-type", "").lower().split(";", 1)[0] == "application/json"
 
 
 def _parsed_as_json(request: Request) -> bool:
-    """FastAPI parses a body as JSON only without a content type or with a JSON one (``application/json``,
-    ``application/*+json``); any other body reaches the route's model as bytes, which it refuses."""
+    """FastAPI (0.165, strict content type by default, which SGLang keeps) parses a body as JSON only with
+    a JSON content type (``application/json``, ``application/*+json``); a body without one, or with
+    another, reaches the route's model as bytes, which it refuses."""
     media = request.headers.get("content-type")
-    if media is None:
-        return True
-    kind = media.lower().split(";", 1)[0].strip()
-    return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
+    if not media:
+        return False
+    message = email.message.Message()
+    message["content-type"] = media
+    subtype = message.get_content_subtype()
+    return message.get_content_maintype() == "application" and (subtype == "json" or subtype.endswith("+json"))
 
 
 async def json_object(request: Request) -> dict[str, Any]:
     """A request's JSON object, or FastAPI's validation error (no body, malformed JSON, not an object,
-    a body of another content type, such as the form type ``curl -d`` sends)."""
+    a body without a JSON content type, such as the form type ``curl -d`` sends)."""
     raw = await request.body()
     require(bool(raw), "body", "Field required")
     require(_parsed_as_json(request), "body", "an object (the body's content type is not JSON)")

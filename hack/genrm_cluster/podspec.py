@@ -101,7 +101,7 @@ class PodFiles:
         """Write every volume's content into `<pod_dir>/volumes/<name>/`."""
         for volume in self.pod["spec"].get("volumes") or []:
             if "hostPath" in volume:
-                self.volume_dirs[volume["name"]] = Path(volume["hostPath"]["path"])
+                self.volume_dirs[volume["name"]] = _host_path(volume["name"], volume["hostPath"])
                 continue
             target = self.pod_dir / "volumes" / volume["name"]
             target.mkdir(parents=True, exist_ok=True)
@@ -235,6 +235,22 @@ class PodFiles:
         return [rewrite_paths(expand(s, env), mounts) for s in [*command, *(container.get("args") or [])]]
 
 
+def _host_path(name: str, source: JSON) -> Path:
+    """A hostPath volume's directory, checked as the kubelet checks its ``type`` (a missing ``Directory``
+    is its FailedMount: the pod waits and is retried). Mounts are not made read-only here: there are
+    no mount namespaces of our own, so a container could write into it."""
+    path, kind = Path(source["path"]), source.get("type", "")
+    if kind == "DirectoryOrCreate":
+        path.mkdir(parents=True, exist_ok=True)
+    elif kind == "Directory" and not path.is_dir():
+        raise ConfigError(f"volume {name}: hostPath {path} is not a directory (type Directory)")
+    elif kind == "File" and not path.is_file():
+        raise ConfigError(f"volume {name}: hostPath {path} is not a file (type File)")
+    elif kind not in ("", "Directory", "File", "DirectoryOrCreate"):
+        raise ConfigError(f"volume {name}: hostPath type {kind} is not supported by the local node agent")
+    return path
+
+
 def _write_file(path: Path, data: bytes, mode: int | None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
@@ -256,8 +272,12 @@ def expand(value: str, env: dict[str, str]) -> str:
 
 
 def rewrite_paths(value: str, mounts: list[tuple[str, str]]) -> str:
-    """Replace each mountPath (as a whole path prefix) in `value` by its host directory."""
-    for mount_path, host in mounts:
-        pattern = re.compile(r"(?<![\w./-])" + re.escape(mount_path) + r"(?=/|$|[^\w.-])")
-        value = pattern.sub(host.replace("\\", "\\\\"), value)
-    return value
+    """Replace each mountPath (as a whole path prefix) in `value` by its host directory, in one pass
+    (so a host directory that itself starts with another mount's path is not rewritten again), the
+    longest mountPath first where two could match."""
+    if not mounts:
+        return value
+    hosts = dict(mounts)
+    ordered = sorted(hosts, key=len, reverse=True)
+    pattern = re.compile(r"(?<![\w./-])(" + "|".join(map(re.escape, ordered)) + r")(?=/|$|[^\w.-])")
+    return pattern.sub(lambda match: hosts[match.group(1)], value)

@@ -76,15 +76,21 @@ def stop_container(proc: subprocess.Popen[bytes], grace_seconds: float) -> int:
 
     Why not the whole group: a runtime signals PID 1 of the container, and a server that forks its own
     workers (SGLang's scheduler and detokenizer) shuts them down itself; signalling them too makes it
-    see its children die and take its crash path instead. Returns the first process's exit code.
+    see its children die and take its crash path instead. The first process is left unreaped (a
+    zombie) until the group is killed, so its pid, which is the group's id, cannot have been reused
+    by then. Returns the first process's exit code.
     """
     try:
         proc.send_signal(signal.SIGTERM)
     except ProcessLookupError:
         pass
-    try:
-        proc.wait(grace_seconds)
-    except subprocess.TimeoutExpired:
-        pass
+    deadline = time.monotonic() + grace_seconds
+    while proc.returncode is None and time.monotonic() < deadline:
+        try:
+            if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                break
+        except ChildProcessError:  # reaped already (by a poll elsewhere)
+            break
+        time.sleep(0.05)
     signal_group(proc, signal.SIGKILL)
     return proc.wait()

@@ -13,6 +13,7 @@ prove things against the real engine.
 
 from __future__ import annotations
 
+import fcntl
 import filecmp
 import hashlib
 import json
@@ -94,22 +95,35 @@ def _install_shim(env: Path) -> None:
 
 
 def models(env: Path) -> Path:
-    """The directory holding the tiny models (one sub-directory per name in ``MODEL_SEEDS``)."""
-    key = hashlib.sha1(MODEL_MAKER.read_bytes()).hexdigest()[:10]
-    root = cache_root() / "engine" / f"models-{key}"
-    for name, seed in MODEL_SEEDS.items():
-        if not (root / name / "config.json").is_file():
-            subprocess.run([str(env / "bin" / "python"), str(MODEL_MAKER), str(root / name), "--seed", str(seed)],
-                           check=True, env=_clean_env(), stdout=subprocess.DEVNULL)
-    variant, base, overrides = SETTINGS_VARIANT
-    if not (root / variant / "config.json").is_file():
-        staging = root / f"{variant}.tmp"
-        shutil.rmtree(staging, ignore_errors=True)
-        shutil.copytree(root / base, staging)
-        config = json.loads((staging / "config.json").read_text())
-        (staging / "config.json").write_text(json.dumps({**config, **overrides}, indent=2))
-        staging.rename(root / variant)
+    """The directory holding the tiny models (one sub-directory per name in ``MODEL_SEEDS``, and the
+    settings variant), made once: keyed by the maker and the model list, each model written aside and
+    renamed into place, under a lock (the lane and ``make dev`` may ask at once)."""
+    recipe = MODEL_MAKER.read_bytes() + json.dumps([MODEL_SEEDS, SETTINGS_VARIANT]).encode()
+    root = cache_root() / "engine" / f"models-{hashlib.sha1(recipe).hexdigest()[:10]}"
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for name, seed in MODEL_SEEDS.items():
+            if not (root / name).is_dir():
+                staging = _staging(root, name)
+                subprocess.run([str(env / "bin" / "python"), str(MODEL_MAKER), str(staging), "--seed", str(seed)],
+                               check=True, env=_clean_env(), stdout=subprocess.DEVNULL)
+                staging.rename(root / name)
+        variant, base, overrides = SETTINGS_VARIANT
+        if not (root / variant).is_dir():
+            staging = _staging(root, variant)
+            shutil.copytree(root / base, staging)
+            config = json.loads((staging / "config.json").read_text())
+            (staging / "config.json").write_text(json.dumps({**config, **overrides}, indent=2))
+            staging.rename(root / variant)
     return root
+
+
+def _staging(root: Path, name: str) -> Path:
+    """An empty place to write a model before it is renamed into ``root / name`` (a crash leaves no half model)."""
+    staging = root / f".{name}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    return staging
 
 
 def _clean_env() -> dict[str, str]:
