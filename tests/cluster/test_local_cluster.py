@@ -338,6 +338,50 @@ def test_prestop_runs_before_sigterm_then_object_deleted(cluster: LocalCluster) 
     assert err.value.status == 404
 
 
+def test_a_container_is_stopped_as_a_runtime_stops_it(cluster: LocalCluster) -> None:
+    """SIGTERM reaches the container's first process only (a server that forked workers stops them
+    itself); what is left of the container is killed once that process exits."""
+    program = (
+        "import os, pathlib, signal, sys, time\n"
+        "events = pathlib.Path(sys.argv[1])\n"
+        "if os.fork() == 0:\n"
+        "    signal.signal(signal.SIGTERM, lambda *_: events.open('a').write('WORKER TERM\\n'))\n"
+        "    (events.parent / 'worker.pid').write_text(str(os.getpid()))\n"
+        "    while True: time.sleep(0.2)\n"
+        "signal.signal(signal.SIGTERM, lambda *_: (events.open('a').write('LEADER TERM\\n'), sys.exit(0)))\n"
+        "while True: time.sleep(0.2)\n"
+    )
+    create(cluster, pod_manifest("forked", {
+        "name": "main", "command": ["python3", "-c", program], "args": ["/events/log"],
+        "volumeMounts": [{"name": "events", "mountPath": "/events"}],
+    }, volumes=[{"name": "events", "emptyDir": {}}]))
+    wait_for(cluster, "forked", "forked its worker", lambda: bool(cluster.logs_for("forked")) and
+             (volume_dir(cluster, "forked", "events") / "worker.pid").exists())
+    events = volume_dir(cluster, "forked", "events")
+    worker = int((events / "worker.pid").read_text())
+    cluster.kubectl("delete", "pod", "forked", "--wait=true", timeout=30)
+    assert (events / "log").read_text().split() == ["LEADER", "TERM"], "only the first process is signalled"
+    assert not Path(f"/proc/{worker}").exists() or "zombie" in Path(f"/proc/{worker}/status").read_text().lower()
+
+
+def test_an_image_root_comes_first_on_path_and_a_host_path_is_the_host_directory(
+        cluster: LocalCluster, tmp_path: Path) -> None:
+    host = tmp_path / "node-dir"
+    (image,) = cluster.images  # the session's tools image (conftest.py)
+    pod = pod_manifest("tools", {
+        "name": "main", "image": image, "command": ["copy-file"], "args": ["/host/in", "/host/out"],
+        "volumeMounts": [{"name": "host", "mountPath": "/host"}],
+    }, volumes=[{"name": "host", "hostPath": {"path": str(host), "type": "Directory"}}])
+    create(cluster, pod)
+    time.sleep(2)  # a missing Directory is the kubelet's FailedMount: the pod waits, nothing runs
+    assert get_pod(cluster, "tools")["status"].get("phase") == "Pending"
+    assert not any(p.exists() and p.read_text() for p in cluster.logs_for("tools").values())
+    host.mkdir()
+    (host / "in").write_text("judged")
+    wait_for(cluster, "tools", "copied through the image's tool", lambda: (host / "out").exists()
+             and (host / "out").read_text() == "judged")
+
+
 def test_crash_and_liveness_failure_restart(cluster: LocalCluster) -> None:
     create(cluster, pod_manifest("crash", {"name": "main", "command": ["sh", "-c", "sleep 0.5; exit 3"]}))
     create(cluster, pod_manifest("dead", {
