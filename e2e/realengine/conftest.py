@@ -44,10 +44,14 @@ def cluster(engine_env: Path, models: Path) -> Iterator[Cluster]:
 @pytest.fixture(autouse=True)
 def count_replicas(request: pytest.FixtureRequest) -> Iterator[None]:
     """After a test with its own namespace, the pods the node agent started in it go into the lane's
-    replica count (each ran a real engine), however the test ended."""
+    replica count (each ran a real engine), however the test ended. The namespace is asked for here,
+    before the test, so that it is torn down after this count."""
+    if "namespace" not in request.fixturenames:
+        yield
+        return
+    cluster, namespace = request.getfixturevalue("cluster"), request.getfixturevalue("namespace")
     yield
-    if "namespace" in request.fixturenames:
-        LANE.replicas += started_pods(request.getfixturevalue("cluster"), request.getfixturevalue("namespace"))
+    LANE.replicas += started_pods(cluster, namespace)
 
 
 @pytest.hookimpl(trylast=True)

@@ -10,6 +10,7 @@ link is back their replacement verifies and serves.
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 from pathlib import Path
@@ -51,15 +52,20 @@ def test_greedy_verification_publishes_an_identical_real_replica_and_refuses_oth
         history = (cluster.pool(namespace, POOL).get("status") or {}).get("history") or []
         failures = [h for h in history if h.get("reason") == "ReplicaInconsistent"]
         return failures if len(failures) >= count else None
-    # The replacement waits out a back-off of at least 10 s: time to turn the link before it loads.
     failures = wait_for("the replica with other weights to fail verification", lambda: refused(1), timeout=300,
                         interval=0.5)
-    loaded_before = {p["metadata"]["name"] for p in cluster.pods(namespace, POOL)} | replicas_named(failures)
+    # Its replacement is created at once, and its engine reads the model ~10 s later (after its imports).
     point(node_models / "judge", models / realengine.SETTINGS_VARIANT[0])
+    switched = datetime.datetime.now(datetime.UTC).replace(tzinfo=None, microsecond=0)
     failures = wait_for("the replica with another setting to fail verification", lambda: refused(2), timeout=300,
                         interval=0.5)
     assert all("differs" in entry["message"] for entry in failures), failures
-    assert replicas_named(failures[1:]).isdisjoint(loaded_before), "the second refused replica loaded the setting"
+    second = refused_replica(failures[1])
+    engine_log = Path(cluster.local.logs_for(second, namespace)["engine"]).read_text(errors="replace")
+    first = re.search(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\]", engine_log, re.M)
+    assert first, engine_log[:2000]
+    started = datetime.datetime.strptime(first.group(1), "%Y-%m-%d %H:%M:%S")
+    assert started > switched, f"{second}'s engine started logging at {started}, the link turned at {switched}"
 
     point(node_models / "judge", models / "tiny-judge")
     pool = cluster.wait_serving(namespace, POOL, 2, timeout=400)
@@ -70,6 +76,8 @@ def test_greedy_verification_publishes_an_identical_real_replica_and_refuses_oth
     LANE.verified += 1
 
 
-def replicas_named(entries: list[dict[str, Any]]) -> set[str]:
-    """The replicas the history entries' messages name."""
-    return {name for entry in entries for name in re.findall(rf"\b{POOL}-\d+\b", entry["message"])}
+def refused_replica(entry: dict[str, Any]) -> str:
+    """The replica a ``ReplicaInconsistent`` history entry refused (its message names the reference too)."""
+    found = re.search(rf"ReplicaInconsistent: ({POOL}-\d+) on node", entry["message"])
+    assert found, entry
+    return found.group(1)
