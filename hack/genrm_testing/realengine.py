@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from genrm_cluster import procutil
 
 from genrm_testing import RunningSim, free_port, wait_ready
 
@@ -142,35 +142,19 @@ class RunningEngine(RunningSim):
 def run_engine(log: Path, *args: str, model: str = "tiny-judge", ready_seconds: float = 180.0
                ) -> Iterator[RunningEngine]:
     """``python -m sglang.launch_server`` of ``model`` on a free loopback port, as its own process group,
-    yielded once ``/health_generate`` answers; SIGTERM on exit, SIGKILL after ``SIGTERM_GRACE_SECONDS``."""
+    yielded once ``/health_generate`` answers; SIGTERM to its first process on exit, SIGKILL to what is left
+    once that one exits or after ``SIGTERM_GRACE_SECONDS``."""
     env = environment()
     port = free_port()
     command = [str(env / "bin" / "python"), "-m", "sglang.launch_server",
                "--model-path", str(models(env) / model), "--served-model-name", SERVED_NAME,
                "--host", "127.0.0.1", "--port", str(port), "--random-seed", "0", "--enable-metrics",
                *CPU_ARGS, *args]
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(command, env=_clean_env(), stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+    proc = procutil.spawn(command, log, env=_clean_env())
     running = RunningEngine(proc, port, log)
     try:
         wait_ready(f"{running.url}/health_generate", seconds=ready_seconds)
         yield running
     finally:
-        stop(proc)
-
-
-def stop(proc: subprocess.Popen[bytes], grace: float = SIGTERM_GRACE_SECONDS) -> None:
-    """SIGTERM the engine's process group, SIGKILL what is left after ``grace``."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+        # As a container runtime stops it: signalling SGLang's workers too sends it down its crash path.
+        procutil.stop_container(proc, SIGTERM_GRACE_SECONDS)
