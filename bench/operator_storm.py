@@ -52,7 +52,9 @@ import json
 import math
 import os
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -227,12 +229,15 @@ class PoolWatch:
 
     api: KubeAPI
     seen: dict[str, list[tuple[float, int]]] = field(default_factory=lambda: defaultdict(list))
+    latest: dict[str, JSON] = field(default_factory=dict)
+    """Each pool (by namespace) as the watch last showed it: what convergence is judged on."""
 
     def __post_init__(self) -> None:
         self.watch = Watch(self.api, "/apis/genrm.io/v1alpha1/genrmpools", {}, self._see)
 
     def _see(self, pool: JSON, now: float) -> None:
         self.seen[pool["metadata"]["namespace"]].append((now, int(pool["spec"].get("replicas", 0))))
+        self.latest[pool["metadata"]["namespace"]] = pool
 
     def delivered(self, namespace: str, replicas: int, after: float) -> float | None:
         """When the watch first showed ``replicas`` in the pool at or after ``after``."""
@@ -298,7 +303,15 @@ class Figures:
                 f"rs_react_p50_s={pct(self.rs_react, .5):.3f} "
                 f"publish_overhead_p50_s={pct(self.publish, .5):.3f} "
                 f"publish_overhead_p99_s={pct(self.publish, .99):.3f} "
-                f"cpu_idle_cores={self.cpu_idle:.3f} rss_mb={self.rss:.0f} api_writes_per_min={self.writes_idle:.1f}")
+                f"cpu_idle_cores={self.cpu_idle:.3f} rss_mb={self.rss:.0f} api_writes_per_min={self.writes_idle:.1f} "
+                f"rs_burst_p99_s={pct(self.rs_burst, .99):.3f} p99_to_burst={self.p99_to_burst:.2f}")
+
+    @property
+    def p99_to_burst(self) -> float:
+        """The operator's reaction p99 over the ReplicaSet controller's under a burst as large, in the same
+        run: the API server and the machine are as busy for both, so the ratio is what a slower operator
+        changes and a slower machine does not."""
+        return pct(self.react, .99) / pct(self.rs_burst, .99)
 
     def split_line(self) -> str:
         """Where the pools' reaction time goes: median, and the mean over the slowest tenth of reactions."""
@@ -360,14 +373,21 @@ def growth(rows: Sequence[Figures]) -> Iterator[str]:
 
 
 class Bench:
-    def __init__(self, local: LocalCluster, audit: Audit, work: Path, hollow: bool, idle_s: float, rounds: int) -> None:
-        self.local, self.audit, self.hollow = local, audit, hollow
+    def __init__(self, local: LocalCluster, audit: Audit, work: Path, hollow: bool, idle_s: float, rounds: int,
+                 profile: Path | None = None) -> None:
+        self.local, self.audit, self.hollow, self.profile = local, audit, hollow, profile
         self.cluster = Cluster(local)
         self.idle_s, self.rounds = idle_s, rounds
         cp = local.control_plane
         self.api = KubeAPI(cp.server, cp.pki.ca.cert, *self._admin_pair(work))
         self.pod_watch = PodWatch(KubeAPI(cp.server, cp.pki.ca.cert, *self._admin_pair(work)))
         self.pool_watch = PoolWatch(KubeAPI(cp.server, cp.pki.ca.cert, *self._admin_pair(work)))
+        self.deployments: dict[str, JSON] = {}
+        """Each Deployment (by namespace) as a watch last showed it: the burst's convergence, judged like
+        the pools' (`wait_converged`), without listing them."""
+        self.deployment_watch = Watch(KubeAPI(cp.server, cp.pki.ca.cert, *self._admin_pair(work)),
+                                      "/apis/apps/v1/deployments", {},
+                                      lambda d, _: self.deployments.__setitem__(d["metadata"]["namespace"], d))
         self.operator = OperatorProcess(self.cluster.kubeconfig, work)
         self.pools: dict[str, int] = {}  # namespace -> replicas
         self.pool = ThreadPoolExecutor(16)
@@ -381,11 +401,13 @@ class Bench:
         self.cluster.kubectl("apply", "-f", "-", input=json.dumps(deployment()))
         self.pod_watch.watch.start()
         self.pool_watch.watch.start()
+        self.deployment_watch.start()
         self.operator.start()
 
     def stop(self) -> None:
         self.pod_watch.watch.stop.set()
         self.pool_watch.watch.stop.set()
+        self.deployment_watch.stop.set()
         self.operator.stop()
         self.pool.shutdown()
 
@@ -393,6 +415,18 @@ class Bench:
     def pid(self) -> int:
         assert self.operator.proc is not None and self.operator.proc.poll() is None, self.operator.log_tail()
         return self.operator.proc.pid
+
+    def start_profiler(self, name: str) -> subprocess.Popen[bytes] | None:
+        """``--profile DIR``: sample the operator's stacks through the storm with py-spy (collapsed
+        stacks, one file per size) without pausing it; None without the option."""
+        if self.profile is None:
+            return None
+        spy = shutil.which("py-spy")
+        assert spy is not None, "--profile needs py-spy on PATH"
+        self.profile.mkdir(parents=True, exist_ok=True)
+        return subprocess.Popen([spy, "record", "--pid", str(self.pid), "--rate", "200", "--nonblocking",
+                                 "--format", "raw", "--output", str(self.profile / f"{name}.txt")],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def sidecar_calls(self) -> float:
         """Requests the operator has made to sidecars so far (its counter, every call and code)."""
@@ -457,8 +491,7 @@ class Bench:
         """Until every burst Deployment has its pods (created, not running: they pin to no node)."""
         deadline = time.monotonic() + 120.0
         while True:
-            items = self.api.get("/apis/apps/v1/deployments")["items"]
-            done = {d["metadata"]["namespace"] for d in items
+            done = {d["metadata"]["namespace"] for d in list(self.deployments.values())
                     if (d.get("status") or {}).get("replicas") == replicas and d["spec"]["replicas"] == replicas}
             if namespaces <= done:
                 return
@@ -467,9 +500,13 @@ class Bench:
             time.sleep(0.5)
 
     def wait_converged(self, timeout: float) -> None:
+        """Until every pool serves its replicas with no operation, as the benchmark's pool watch shows
+        them. Not by listing the pools: a list of every pool twice a second was the API server's
+        largest single request in a storm (a few hundred kilobytes of JSON, up to seconds under
+        load), work on the operator's side of the comparison that the Deployment burst never had."""
         deadline = time.monotonic() + timeout
         while True:
-            items = self.api.get("/apis/genrm.io/v1alpha1/genrmpools")["items"]
+            items = list(self.pool_watch.latest.values())
             pending = []
             for pool in items:
                 ns, status = pool["metadata"]["namespace"], pool.get("status") or {}
@@ -504,6 +541,7 @@ class Bench:
         rs_replicas = 0
         api_pid = self.local.control_plane.pid("kube-apiserver")
         cpu0, api0, t0 = cpu_seconds(pid), cpu_seconds(api_pid), time.time()
+        profiler = self.start_profiler(f"{figures.mode}-{pools}x{per_pool}")
         for _ in range(self.rounds):
             for direction, delta in (("out", 1), ("in", -1)):
                 def change(ns: str, kind: str = direction, d: int = delta) -> Change:
@@ -521,6 +559,9 @@ class Bench:
                     self.pools[ns] += delta
                 self.wait_converged(timeout=max(120.0, 0.5 * pools * per_pool))
         cpu1, api1, t1 = cpu_seconds(pid), cpu_seconds(api_pid), time.time()
+        if profiler is not None:
+            profiler.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
+            profiler.wait(60)
         calls1b = self.sidecar_calls()
         figures.cpu_storm = (cpu1 - cpu0) / (t1 - t0)
         figures.api_cpu_storm = (api1 - api0) / (t1 - t0)
@@ -706,7 +747,7 @@ def parse_sizes(text: str) -> list[tuple[int, int]]:
 
 
 def run(hollow: bool, sizes: list[tuple[int, int]], idle_s: float, rounds: int, keep: Path | None,
-        writes: int) -> list[Figures]:
+        writes: int, profile: Path | None = None) -> list[Figures]:
     most = max(p * (r + 1) for p, r in sizes)
     nodes, gpus = (1, most + 16) if hollow else (max(1, math.ceil((most + 2) / 8)), 8)
     with tempfile.TemporaryDirectory(dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as work_dir:
@@ -717,7 +758,7 @@ def run(hollow: bool, sizes: list[tuple[int, int]], idle_s: float, rounds: int, 
                 "--audit-log-format=json", "--audit-log-maxbackup=1", "--audit-log-maxsize=2000"]
         with LocalCluster(nodes=nodes, gpus_per_node=gpus, hollow=hollow, apiserver_args=args,
                           crds=[REPO / "crds" / "genrm.io_genrmpools.yaml"]) as local:
-            bench = Bench(local, audit, work, hollow, idle_s, rounds)
+            bench = Bench(local, audit, work, hollow, idle_s, rounds, profile)
             bench.start()
             results = []
             try:
@@ -751,6 +792,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="requests of each kind per round when measuring the API server's cost per request")
     parser.add_argument("--keep", type=Path,
                         help="copy the API server's audit log, the operator's log and the control plane's logs here")
+    parser.add_argument("--profile", type=Path,
+                        help="sample the operator with py-spy through each storm into DIR/<mode>-<PxR>.txt")
     args = parser.parse_args(argv)
     os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
     modes = [True] if args.hollow else [False] if args.real else [False, True]
@@ -758,7 +801,7 @@ def main(argv: list[str] | None = None) -> int:
     for hollow in modes:
         sizes = parse_sizes(args.sizes or ("10x5,50x20" if hollow else "5x3,20x3"))
         results += run(hollow, sorted(sizes, key=lambda s: s[0] * s[1]), args.idle_seconds, args.rounds, args.keep,
-                       args.writes)
+                       args.writes, args.profile)
     print()
     print(table(results))
     for line in growth(results):

@@ -73,6 +73,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     requests and plain_requests do not: the soak reports its own) and the soak's, if it ran."""
     if SOAK.figures is not None:
         terminalreporter.write_line(SOAK.figures.line())
+    if TALLY.speed_guard:
+        terminalreporter.write_line(TALLY.speed_guard)
     terminalreporter.write_line(
         f"e2e-summary: requests={TALLY.requests} failed={TALLY.failed} "
         f"scale_ops={TALLY.scale_ops} operator_kills={TALLY.operator_kills} "

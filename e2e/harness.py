@@ -42,6 +42,8 @@ class Tally:
     """The first replica's share of the requests in the 30 s after a scale 1 -> 4 spread (test_spread)."""
     spread_min_new_share: float = float("nan")
     """The smallest share of the three new replicas over the same 30 s."""
+    speed_guard: str = ""
+    """The operator speed guard's line (test_operator_speed), when it ran."""
 
 
 TALLY = Tally()

@@ -18,7 +18,8 @@ LINE = re.compile(
     r"^operator-bench: pools=(?P<pools>\d+) replicas=(?P<replicas>\d+) react_p50_s=(?P<react_p50_s>\S+) "
     r"react_p99_s=(?P<react_p99_s>\S+) rs_react_p50_s=(?P<rs_react_p50_s>\S+) "
     r"publish_overhead_p50_s=(?P<publish_overhead_p50_s>\S+) publish_overhead_p99_s=(?P<publish_overhead_p99_s>\S+) "
-    r"cpu_idle_cores=(?P<cpu_idle_cores>\S+) rss_mb=(?P<rss_mb>\S+) api_writes_per_min=(?P<api_writes_per_min>\S+)$")
+    r"cpu_idle_cores=(?P<cpu_idle_cores>\S+) rss_mb=(?P<rss_mb>\S+) api_writes_per_min=(?P<api_writes_per_min>\S+) "
+    r"rs_burst_p99_s=(?P<rs_burst_p99_s>\S+) p99_to_burst=(?P<p99_to_burst>\S+)$")
 SPLIT = re.compile(r"^operator-bench-split: reactions=(?P<reactions>\d+) (?P<parts>(?:\w+_s=\S+ ?)+)$")
 WRITE = re.compile(r"^operator-bench-write: writes=(?P<writes>\d+) put_cpu_ms=(?P<put>\S+) "
                    r"merge_patch_cpu_ms=(?P<patch>\S+) put_to_merge_patch=(?P<ratio>\S+)$")
@@ -53,8 +54,11 @@ def test_bench_operator_smoke() -> None:
     assert all(math.isfinite(v) and v >= 0 for v in figures.values()), last
     # Publish overhead may be 0 at the watch's resolution: the operator follows each replica's own
     # sidecar, so it can publish in the same instant the kubelet's Ready reaches the API server.
-    for positive in ("react_p50_s", "react_p99_s", "rs_react_p50_s", "rss_mb"):
+    for positive in ("react_p50_s", "react_p99_s", "rs_react_p50_s", "rss_mb", "rs_burst_p99_s"):
         assert figures[positive] > 0, last
+    assert figures["rs_burst_p99_s"] == float(found["p99"]), "the last line repeats the burst's p99"
+    assert math.isclose(figures["p99_to_burst"], figures["react_p99_s"] / figures["rs_burst_p99_s"],
+                        rel_tol=0.05, abs_tol=0.01), last
     # The API server's CPU per request, 6 rounds of 20 of each kind: status writes both ways, and
     # the API server's work before the last pool can act: a scale, a status write and a create each.
     lines = done.stdout.splitlines()

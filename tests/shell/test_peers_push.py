@@ -56,6 +56,12 @@ ENDPOINTS = {"a": Endpoint("10.0.0.1", 8001, "t"), "b": Endpoint("10.0.0.2", 800
 LISTS = {"a": ("10.0.0.2:8000",), "b": ("10.0.0.1:8000",)}
 
 
+@pytest.fixture(autouse=True)
+def no_settling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Changed lists go at once here; `test_a_changed_list_waits_and_goes_once` tests the wait."""
+    monkeypatch.setattr(peers_module, "SETTLE_SECONDS", 0.0)
+
+
 async def settle() -> None:
     for _ in range(5):
         await asyncio.sleep(0)
@@ -81,6 +87,34 @@ def test_each_gateway_is_told_once_then_again_on_a_change_or_a_restart() -> None
         assert gateways.held["10.0.0.2"].peers == LISTS["b"] and len(gateways.pushes) == 4
         versions = [d.version for _, d in gateways.pushes]
         assert versions == sorted(set(versions))
+        await pusher.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_changed_list_waits_and_goes_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first list goes at once; changes within ``SETTLE_SECONDS`` of each other are one push of the
+    last; a restarted gateway is told at once."""
+    monkeypatch.setattr(peers_module, "SETTLE_SECONDS", 0.05)
+
+    async def scenario() -> None:
+        gateways = Gateways()
+        pusher = PeerPusher(gateways)  # type: ignore[arg-type]
+        reports = {"a": report("boot-a"), "b": report("boot-b")}
+        pusher.follow(LISTS, ENDPOINTS, reports)
+        await settle()
+        assert len(gateways.pushes) == 2, "first lists go at once"
+        for peers in (("10.0.0.3:8000",), ("10.0.0.3:8000", "10.0.0.4:8000"), ("10.0.0.4:8000",)):
+            pusher.follow({**LISTS, "a": peers}, ENDPOINTS, reports)
+            await settle()
+        assert len(gateways.pushes) == 2, "a changed list waits"
+        await asyncio.sleep(0.1)
+        assert gateways.pushes[2:] == [("10.0.0.1", gateways.held["10.0.0.1"])]
+        assert gateways.held["10.0.0.1"].peers == ("10.0.0.4:8000",), "one push, of the last list"
+        del gateways.held["10.0.0.2"]
+        pusher.follow({**LISTS, "a": ("10.0.0.4:8000",)}, ENDPOINTS, {**reports, "b": report("boot-b2")})
+        await settle()
+        assert gateways.held["10.0.0.2"].peers == LISTS["b"], "a restarted gateway is told at once"
         await pusher.close()
 
     asyncio.run(scenario())

@@ -16,6 +16,7 @@ passes the pod IPs in and delivers the lists (`shell.peers`).
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 from collections.abc import Mapping
 
@@ -23,6 +24,11 @@ from genrm_contract.peers import MAX_PEERS, peer_address
 from genrm_contract.sidecar import ADMITTING_STATES
 
 from .model import Observed
+
+canonical = functools.lru_cache(maxsize=16384)(peer_address)
+"""`peer_address`, remembered: a step writes every replica's address, and parsing the same pod IPs
+again at every step was most of the peers' share of a scale storm's CPU (figures:
+docs/performance.md#measurements-behind-the-code). Pod IPs are few and a pod keeps its IP."""
 
 
 def peer_lists(obs: Observed, ips: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
@@ -32,7 +38,7 @@ def peer_lists(obs: Observed, ips: Mapping[str, str]) -> dict[str, tuple[str, ..
     addresses: dict[str, str] = {}
     for name, ip in ips.items():
         try:
-            addresses[name] = peer_address(ip, port)
+            addresses[name] = canonical(ip, port)
         except ValueError:
             continue
     # One replica per address: two pods reporting one IP (one of them stale) would name it twice.

@@ -32,6 +32,15 @@ from .sidecar import Endpoint, PeersUnknown, SidecarClient
 log = logging.getLogger(__name__)
 RETRY_SECONDS = (0.25, 5.0)
 """Backoff between pushes to one gateway that failed or found a newer push: first delay, and the most."""
+SETTLE_SECONDS = 1.0
+"""How long a gateway's changed list waits before it is pushed (a first list, or one for a restarted
+gateway, goes at once). One publish or unpublish changes the list of every replica of the pool, and a
+scale-out changes it twice within a second or two (the new replica starting, then published): the
+pushes of a scale storm took as much of the operator's CPU as its reconcile steps, at the moment the
+steps were deciding (figures: docs/performance.md#measurements-behind-the-code). Waiting pushes the
+list as it stands a second later, once. A gateway holds its previous list meanwhile: a peer gone
+since refuses at once or does not connect, and is passed over for the next (`FORWARD_TRIES`), and a
+new peer is offered a second later."""
 
 
 @dataclass(frozen=True)
@@ -71,10 +80,16 @@ class PeerPusher:
         """Push until the replica holds what it should (or is no longer followed)."""
         setbacks = 0
         try:
+            told, want = self._told.get(name), self._wanted.get(name)
+            if told is not None and want is not None and told.boot_id == want.boot_id:
+                await asyncio.sleep(SETTLE_SECONDS)
             while (want := self._wanted.get(name)) is not None and self._told.get(name) != want:
                 if setbacks:
                     await asyncio.sleep(min(RETRY_SECONDS[1], RETRY_SECONDS[0] * 2 ** (setbacks - 1)))
-                document = PeersDocument(version=self._next_version(), peers=want.peers)
+                # Unvalidated: the core wrote every address in canonical form (`core.peers`), at most
+                # MAX_PEERS of them, and `_next_version` stays within MAX_VERSION; validating them again
+                # at every push was a sizeable part of a push's cost in a scale storm.
+                document = PeersDocument.model_construct(version=self._next_version(), peers=want.peers)
                 try:
                     held = await self.sidecars.peers(want.endpoint, document)
                 except PeersUnknown:

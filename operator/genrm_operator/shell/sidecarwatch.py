@@ -40,6 +40,8 @@ class _Followed:
     document: StateDocument | None = None
     received_at: float = 0.0
     """When ``document`` arrived (seconds since the epoch): its idle time counts from then."""
+    view: SidecarView | None = None
+    """The core's view of ``document``, made once per report rather than at every step of the pool."""
     answered: asyncio.Event = field(default_factory=asyncio.Event)
     """Set once the first poll finished (with a report or a failure)."""
 
@@ -64,8 +66,7 @@ class SidecarWatch:
         if fresh:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*fresh), STATE_SECONDS + 1.0)
-        return {name: view_of(f.document, f.received_at) if f.document is not None else None
-                for name, f in self._followed.items()}
+        return {name: f.view for name, f in self._followed.items()}
 
     def documents(self) -> dict[str, StateDocument]:
         """The latest report of each followed replica that has answered."""
@@ -83,6 +84,7 @@ class SidecarWatch:
         if document is not None and not document.newer_than(old):
             return
         followed.document, followed.received_at = document, time.time()
+        followed.view = view_of(document, followed.received_at) if document is not None else None
         if (old is None) != (document is None) or (
                 old is not None and document is not None and old.significant() != document.significant()):
             self._on_change()
