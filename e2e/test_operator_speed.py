@@ -5,9 +5,9 @@ operator from landing unnoticed between its runs. It runs the same benchmark (`b
 at 10 hollow pools of 5 replicas, 3 rounds out and in, on a cluster of its own, and compares the
 operator's reaction to the ReplicaSet controller answering a burst of as many Deployment scales
 through the same API server in the same run: a ratio, never an absolute time, so a slower or busier
-machine slows both sides alike. The limits are the figures the benchmark gave on this code, with a
-wide margin for a 2-core machine's noise (docs/performance.md, "The speed guard"): a step that
-doubles the operator's time per pool fails it, a noisy run does not.
+machine slows both sides alike. The limits are twice the figures three runs of this code gave
+(docs/performance.md, "The speed guard"): an operator twice as slow per pool fails it, a run as
+noisy as those does not.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import sys
 from .harness import REPO, TALLY
 from .test_bench_operator import BURST, LINE
 
-P50_LIMIT = 3.0
+P50_LIMIT = 6.5
 """The operator's median reaction over the ReplicaSet controller's median under the burst, at most."""
-P99_LIMIT = 3.0
+P99_LIMIT = 5.0
 """The same for the slowest reactions (the benchmark's ``p99_to_burst``), at most."""
 
 
