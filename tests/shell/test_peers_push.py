@@ -67,13 +67,19 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
+async def told_their_first_lists() -> tuple[Gateways, PeerPusher, dict[str, StateDocument]]:
+    """Both gateways followed and told their first lists (`LISTS`)."""
+    gateways = Gateways()
+    pusher = PeerPusher(gateways)  # type: ignore[arg-type]
+    reports = {"a": report("boot-a"), "b": report("boot-b")}
+    pusher.follow(LISTS, ENDPOINTS, reports)
+    await settle()
+    return gateways, pusher, reports
+
+
 def test_each_gateway_is_told_once_then_again_on_a_change_or_a_restart() -> None:
     async def scenario() -> None:
-        gateways = Gateways()
-        pusher = PeerPusher(gateways)  # type: ignore[arg-type]
-        reports = {"a": report("boot-a"), "b": report("boot-b")}
-        pusher.follow(LISTS, ENDPOINTS, reports)
-        await settle()
+        gateways, pusher, reports = await told_their_first_lists()
         assert {ip: d.peers for ip, d in gateways.held.items()} == {"10.0.0.1": LISTS["a"], "10.0.0.2": LISTS["b"]}
         pusher.follow(LISTS, ENDPOINTS, reports)
         await settle()
@@ -98,11 +104,7 @@ def test_a_changed_list_waits_and_goes_once(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(peers_module, "SETTLE_SECONDS", 0.05)
 
     async def scenario() -> None:
-        gateways = Gateways()
-        pusher = PeerPusher(gateways)  # type: ignore[arg-type]
-        reports = {"a": report("boot-a"), "b": report("boot-b")}
-        pusher.follow(LISTS, ENDPOINTS, reports)
-        await settle()
+        gateways, pusher, reports = await told_their_first_lists()
         assert len(gateways.pushes) == 2, "first lists go at once"
         for peers in (("10.0.0.3:8000",), ("10.0.0.3:8000", "10.0.0.4:8000"), ("10.0.0.4:8000",)):
             pusher.follow({**LISTS, "a": peers}, ENDPOINTS, reports)
