@@ -38,6 +38,9 @@ NAMESPACE = "real-serving"
 POOL = "judge"
 LONG_TOKENS = 600
 """A generation of ~3-5 s on this machine: long enough to be in flight while something happens."""
+HELD_TOKENS = 1800
+"""A generation of ~10-15 s (the tiny model's context is 2,048): for a test that needs requests still
+running until it ends them, on a CI machine where 600 tokens have finished before a 20 s wait saw them."""
 
 
 @pytest.fixture(scope="module")
@@ -93,13 +96,14 @@ def gateway_series(ip: str, name: str) -> float | None:
 
 
 class LongStreams:
-    """Streamed native generations of ``LONG_TOKENS``, each on its own connection to its own address
+    """Streamed native generations of ``tokens``, each on its own connection to its own address
     (``targets``: request id -> base URL), with the id in the prompt (so SGLang's request log names it).
     Each is one of the lane's requests; one that ends in an error is a failed one (one the test cuts
     on purpose is not)."""
 
-    def __init__(self, targets: dict[str, str]) -> None:
+    def __init__(self, targets: dict[str, str], tokens: int = LONG_TOKENS) -> None:
         self.targets = targets
+        self.length = tokens
         rids = list(targets)
         self.tokens: dict[str, int] = {}
         self.errors: dict[str, str] = {}
@@ -127,7 +131,7 @@ class LongStreams:
 
     def _run(self, rid: str) -> None:
         body = {"text": f"Judge request {rid}.", "rid": rid, "stream": True,
-                "sampling_params": {"max_new_tokens": LONG_TOKENS, "temperature": 0, "ignore_eos": True}}
+                "sampling_params": {"max_new_tokens": self.length, "temperature": 0, "ignore_eos": True}}
         first = True
         try:
             with httpx.Client(timeout=60) as client, \
@@ -155,11 +159,12 @@ def test_the_load_the_gateway_reports_is_the_engines_own(cluster: Cluster, pool:
     pod = the_pod(cluster)
     pid, ip = engine_pid(pod), pod["status"]["podIP"]
     assert pid is not None
-    with LongStreams({f"load-{i}": url for i in range(3)}):
+    with LongStreams({f"load-{i}": url for i in range(3)}, tokens=HELD_TOKENS) as streams:
         def both() -> tuple[float, float | None]:
             return engine_series(pid, "sglang:num_running_reqs"), gateway_series(ip, "genrm_engine_running_requests")
-        wait_for("engine and gateway to report 3 running", both, timeout=20, interval=0.2,
-                 done=lambda pair: pair[0] == 3 and pair[1] == 3)
+        wait_for("engine and gateway to report 3 running (with each stream's tokens so far)",
+                 lambda: (*both(), dict(streams.tokens)), timeout=20, interval=0.2,
+                 done=lambda seen: seen[0] == 3 and seen[1] == 3)
         loads = json.loads(in_pod(pid, f"{ENGINE}/v1/loads"))
         assert sum(rank["num_running_reqs"] for rank in loads["loads"]) == 3, loads
     wait_for("both to report the engine idle once the clients left", both, timeout=20, interval=0.2,
