@@ -4,10 +4,10 @@ Why a real one: the dashboards' PromQL and the chart's scrape setup are only pro
 Prometheus has scraped the operator and the judge pods of a live pool. The scrape jobs mirror
 what the chart's monitors produce: the operator job keeps the series' own ``namespace``/``pool``
 labels (``honorLabels: true`` in the ServiceMonitor), and every gateway target carries
-``namespace``, ``pod`` and the ``pool`` label the PodMonitor copies from the pod label
-``genrm.io/pool``. Gateway targets come from a file_sd file rewritten from the pods' addresses,
-standing in for Kubernetes service discovery. Debian's prometheus package (``make tools``)
-provides both binaries.
+``namespace``, ``pod`` and the ``pool`` and ``revision`` labels the PodMonitor copies from the pod
+labels ``genrm.io/pool`` and ``genrm.io/judge-revision``. Gateway targets come from a file_sd file
+rewritten from the pods' addresses, standing in for Kubernetes service discovery. Debian's
+prometheus package (``make tools``) provides both binaries.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from genrm_testing import launched, wait_ready
 from .harness import free_port
 
 POOL_LABEL = "genrm.io/pool"
+JUDGE_REVISION_LABEL = "genrm.io/judge-revision"
 GATEWAY_PORT_NAME = "control"
 OPERATOR_NAMESPACE = "genrm-system"
 """The ``namespace`` target label of the operator job: the release namespace in a chart install."""
@@ -61,7 +62,8 @@ def gateway_targets(pods: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             meta = pod["metadata"]
             groups.append({"targets": [f"{ip}:{port}"],
                            "labels": {"namespace": meta["namespace"], "pod": meta["name"],
-                                      "pool": meta["labels"][POOL_LABEL]}})
+                                      "pool": meta["labels"][POOL_LABEL],
+                                      "revision": meta["labels"][JUDGE_REVISION_LABEL]}})
     return groups
 
 

@@ -3,7 +3,8 @@
 Aspects: the pool becomes Available with the requested serving replicas;
 printer columns like `kubectl get deploy`; `kubectl explain` shows field docs;
 operation events in `kubectl describe`; a judge request through a published
-replica works; deleting the pool removes every child object.
+replica works, and every answer through the Service names the pods' judge
+revision; deleting the pool removes every child object.
 """
 
 from __future__ import annotations
@@ -50,6 +51,17 @@ def test_apply_makes_an_available_pool_with_the_requested_serving_replicas(clust
     assert answer.status_code == 200 and answer.json()["text"]
     models = httpx.get(f"http://{ip}:8000/v1/models", timeout=10).json()
     assert models["data"], models
+
+    # Provenance through the Service: the judge revision on the pods, in the header, in the engine's answer.
+    [revision] = {p["metadata"]["labels"]["genrm.io/judge-revision"] for p in pods}
+    url = cluster.service_answering(namespace, "demo")
+    native = httpx.post(f"{url}/generate", json={"text": "Is 2+2=4?"}, timeout=10)
+    chat = httpx.post(f"{url}/v1/chat/completions", timeout=10, json={
+        "model": models["data"][0]["id"], "messages": [{"role": "user", "content": "Is 2+2=4?"}]})
+    refused = httpx.get(f"{url}/no/such/route", timeout=10)
+    assert native.status_code == chat.status_code == 200 and refused.status_code == 404
+    assert [a.headers.get_list("x-genrm-revision") for a in (native, chat, refused)] == [[revision]] * 3
+    assert native.json()["meta_info"]["weight_version"] == chat.json()["metadata"]["weight_version"] == revision
 
 
 def test_deleting_the_pool_removes_every_child(cluster: Cluster, namespace: str) -> None:

@@ -26,7 +26,7 @@ from tests.dashboards.test_dashboards import DASHBOARDS, load, panels, parse, se
 
 from .harness import TALLY, Cluster, OperatorProcess, pool_manifest, wait_for
 from .loadclient import LoadClient
-from .prometheus import Prometheus, promtool_check_metrics, run_prometheus
+from .prometheus import JUDGE_REVISION_LABEL, Prometheus, promtool_check_metrics, run_prometheus
 
 POOL = "obs"
 GATEWAY_PORT = 8000
@@ -87,12 +87,14 @@ def live_pods(cluster: Cluster, namespace: str) -> list[dict[str, Any]]:
 
 
 def follow_pods(cluster: Cluster, prometheus: Prometheus, namespace: str) -> None:
-    """Point the gateway job at the pool's current pods and wait until each was scraped."""
+    """Point the gateway job at the pool's current pods and wait until each was scraped, its series
+    labelled with the pod's judge revision."""
     pods = live_pods(cluster, namespace)
     prometheus.scrape_gateways(pods)
+    revisions = "|".join({p["metadata"]["labels"][JUDGE_REVISION_LABEL] for p in pods})
     wait_for(f"{len(pods)} gateway targets up",
-             lambda: len(prometheus.query(f'up{{job="genrm-gateways", pool="{POOL}"}} == 1')) == len(pods),
-             timeout=30)
+             lambda: len(prometheus.query(f'up{{job="genrm-gateways", pool="{POOL}", revision=~"{revisions}"}} == 1'))
+             == len(pods), timeout=30)
 
 
 def last_outcome(cluster: Cluster, namespace: str) -> dict[str, Any]:

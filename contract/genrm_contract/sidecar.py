@@ -48,6 +48,13 @@ REASON_HEADER = "x-genrm-reason"
 """Every refusal names its reason here and in the JSON error body."""
 DRAINING_HEADER = "x-genrm-draining"
 """Set on answers given while the replica drains."""
+REVISION_HEADER = "x-genrm-revision"
+"""The replica's judge revision, on every answer of its gateway, refusals included: which judge gave a
+verdict, or which one refused it (the engine's ``weight_version`` says the same of a verdict)."""
+JUDGE_REVISION_FLAG = "--judge-revision"
+"""The gateway's flag (env ``GENRM_JUDGE_REVISION``) with the value of `REVISION_HEADER`."""
+JUDGE_REVISION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+"""What a judge revision may be: it goes into a response header and a label value as it is."""
 
 QUIET_SECONDS = 2
 """Fenced, empty and engine-idle this long counts as drained."""

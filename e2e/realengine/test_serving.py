@@ -23,8 +23,9 @@ from typing import Any
 
 import httpx
 import pytest
+from genrm_contract.sidecar import REVISION_HEADER
 from genrm_operator.core.children import SHUTDOWN_SLACK_SECONDS
-from genrm_operator.core.names import VERIFICATION_MESSAGE_ANNOTATION
+from genrm_operator.core.names import JUDGE_REVISION_LABEL, VERIFICATION_MESSAGE_ANNOTATION
 from genrm_testing import realengine
 
 from ..harness import Cluster, OperatorProcess, account_plain, plain_report, wait_for
@@ -152,6 +153,27 @@ class LongStreams:
         finally:
             if first:
                 self.started.abort()
+
+
+def test_every_answer_names_the_judge_revision_sglang_reports(cluster: Cluster, pool: str) -> None:
+    """Provenance with the real engine: the operator starts SGLang with ``--weight-version`` set to the
+    pod's judge revision, and SGLang reports that value where a trainer reads it, beside the gateway's
+    header."""
+    url = cluster.service_answering(pool, POOL)
+    revision = the_pod(cluster)["metadata"]["labels"][JUDGE_REVISION_LABEL]
+    body = {"text": "Judge: is 2+2=4?", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+    with httpx.Client(base_url=url, timeout=60) as client:
+        native = client.post("/generate", json=body)
+        chat = client.post("/v1/chat/completions", json={
+            "model": client.get("/v1/models").json()["data"][0]["id"], "max_tokens": 8,
+            "messages": [{"role": "user", "content": "Judge: is 2+2=4?"}]})
+        info = client.get("/model_info")
+    LANE.requests += 2
+    assert native.status_code == chat.status_code == info.status_code == 200, (native.text, chat.text, info.text)
+    assert [a.headers.get_list(REVISION_HEADER) for a in (native, chat, info)] == [[revision]] * 3
+    assert native.json()["meta_info"]["weight_version"] == revision
+    assert chat.json()["metadata"]["weight_version"] == revision
+    assert info.json()["weight_version"] == revision
 
 
 def test_the_load_the_gateway_reports_is_the_engines_own(cluster: Cluster, pool: str) -> None:

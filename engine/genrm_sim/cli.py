@@ -38,8 +38,8 @@ _TYPES: dict[str | None, Callable[[str], Any]] = {"int": int, "float": float, "s
 # SGLang flags whose values the simulator uses; every other SGLang flag is accepted and ignored.
 _MODELLED = frozenset({
     "model_path", "served_model_name", "host", "port", "random_seed", "enable_metrics",
-    "enable_deterministic_inference", "tp_size", "revision", "max_total_tokens", "max_running_requests",
-    "is_embedding", "attention_backend", "enable_priority_scheduling", "default_priority_value",
+    "enable_deterministic_inference", "tp_size", "revision", "weight_version", "max_total_tokens",
+    "max_running_requests", "is_embedding", "attention_backend", "enable_priority_scheduling", "default_priority_value",
     "context_length", "allow_auto_truncate", "api_key",
 })
 KEEP_ALIVE_SECONDS = 5
@@ -141,6 +141,7 @@ def parse_config(argv: Sequence[str] | None = None) -> SimConfig:
         enable_deterministic_inference=given.get("enable_deterministic_inference", False),
         tp_size=given.get("tp_size", 1),
         revision=given.get("revision"),
+        weight_version=given.get("weight_version", SimConfig.weight_version),
         attention_backend=given.get("attention_backend"),
         api_key=given.get("api_key"),
         context_length=_int(given.get("context_length"), SimConfig.context_length),

@@ -19,6 +19,9 @@ class SimConfig:
     enable_deterministic_inference: bool = False
     tp_size: int = 1
     revision: str | None = None
+    weight_version: str = "default"
+    """SGLang's ``--weight-version``: reported by ``/model_info`` and in every answer's ``meta_info`` (not
+    ``--revision``, which only chooses what to download)."""
     attention_backend: str | None = None
     api_key: str | None = None
     """SGLang's ``--api-key``: every route but the probes' and ``/metrics`` needs it as a bearer token."""
@@ -39,11 +42,6 @@ class SimConfig:
     error_rate: float = 0.0
     perturb: bool = False
     sigterm_poll_seconds: float = 5.0
-
-    @property
-    def weight_version(self) -> str:
-        """What SGLang reports as the weights' version (``model_info``, every response's ``meta_info``)."""
-        return self.revision or "default"
 
     _SIM_ONLY = ("startup_seconds", "ttft_ms", "itl_ms", "max_running", "max_total_tokens", "is_generation",
                  "crash_after", "hang", "error_rate", "perturb", "sigterm_poll_seconds")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import resource
 import socket
 import sys
@@ -21,7 +22,7 @@ from typing import Any
 
 import uvicorn
 from genrm_contract.drained import control_token
-from genrm_contract.sidecar import ENGINE_KEY_ENV
+from genrm_contract.sidecar import ENGINE_KEY_ENV, JUDGE_REVISION_FLAG, JUDGE_REVISION_PATTERN
 
 from genrm_gateway.activator import STOP_DEADLINE_SECONDS, Activator, ActivatorServer
 from genrm_gateway.apikey import checked, read_key_file, write_engine_files
@@ -41,6 +42,13 @@ OPEN_FILES_MARGIN = 256
 def _env(name: str, convert: Callable[[str], Any], default: Any) -> Any:
     raw = os.environ.get(name)
     return default if raw is None or raw == "" else convert(raw)
+
+
+def _judge_revision(value: str) -> str:
+    """A judge revision fit for a header as it is: nothing from a flag reaches a response unchecked."""
+    if value and not re.fullmatch(JUDGE_REVISION_PATTERN, value):
+        raise argparse.ArgumentTypeError(f"a judge revision matches {JUDGE_REVISION_PATTERN}, not {value!r}")
+    return value
 
 
 def _add_limits(command: argparse.ArgumentParser) -> None:
@@ -83,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                        default=_env("GENRM_PEERS_VALID_SECONDS", float, DEFAULTS.peers_valid_seconds),
                        help="how long the peers the operator named stay in use after its last control call "
                             "(tests shorten it)")
+    serve.add_argument(JUDGE_REVISION_FLAG, type=_judge_revision, default=_env("GENRM_JUDGE_REVISION", str, ""),
+                       help="the replica's judge revision, sent as x-genrm-revision on every answer (the operator "
+                            "sets it; the engine's --weight-version has the same value)")
     serve.add_argument("--loopback-peers", action="store_true",
                        help="testing only: accept loopback peer addresses (in a pod, loopback is the pod itself)")
     _add_limits(serve)
@@ -163,6 +174,7 @@ def serve(args: argparse.Namespace) -> None:
         engine_api_key=api_key,
         peers_valid_seconds=args.peers_valid_seconds,
         loopback_peers=args.loopback_peers,
+        judge_revision=_judge_revision(args.judge_revision),
     )
     gateway = Gateway(config)
     sockets = [_listen(config.host, config.port), _listen(config.host, config.control_port)]
@@ -170,7 +182,7 @@ def serve(args: argparse.Namespace) -> None:
         uvicorn.Config(gateway, loop="uvloop", http=gateway.protocol, ws="none",
                        lifespan="on", log_level="warning", access_log=False, server_header=False,
                        proxy_headers=False, timeout_keep_alive=round(limits.keep_alive_seconds),
-                       timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS),
+                       timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS, headers=config.response_headers()),
         gateway,
     )
     server.run(sockets)

@@ -98,3 +98,9 @@ class GatewayConfig:
     """How long the peers stay in use after the operator's last control call (``peers``); tests shorten it."""
     loopback_peers: bool = False
     """Accept loopback peer addresses: for tests only, which run every replica on one host."""
+    judge_revision: str = ""
+    """The replica's judge revision, sent as ``x-genrm-revision`` on every answer ('' sends none)."""
+
+    def response_headers(self) -> list[tuple[str, str]]:
+        """Headers on every answer the gateway gives: the judge revision's, when it has one."""
+        return [(sidecar.REVISION_HEADER, self.judge_revision)] if self.judge_revision else []

@@ -483,11 +483,11 @@ class GatewayProtocol(HttpToolsProtocol):
             return
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete and not cycle.more_body:
-            self._deferred = refusal_response(code, reason, message)
+            self._deferred = refusal_response(code, reason, message, self.server_state.default_headers)
             self.flow.pause_reading()
             return
         if cycle is None or cycle.response_complete or not cycle.response_started:
-            self.transport.write(refusal_response(code, reason, message))
+            self.transport.write(refusal_response(code, reason, message, self.server_state.default_headers))
         if cycle is not None and not cycle.response_complete:
             cycle.disconnected = True
             cycle.message_event.set()

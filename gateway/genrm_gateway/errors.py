@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Sequence
 from http import HTTPStatus
 
 from genrm_contract import sidecar
@@ -55,10 +56,15 @@ class Refusal(Exception):
         self.headers = (*headers, CLOSE_HEADER) if close else headers
 
 
-def refusal_response(code: int, reason: sidecar.RefusalReason, message: str) -> bytes:
+def refusal_response(code: int, reason: sidecar.RefusalReason, message: str,
+                     defaults: Sequence[tuple[bytes, bytes]] = ()) -> bytes:
     """A whole HTTP/1.1 error response, for refusals made below the application (the connection
-    layer), where no ASGI ``send`` exists; it always closes the connection."""
+    layer), where no ASGI ``send`` exists; it always closes the connection. ``defaults`` are the
+    server's headers on every answer (the date, the judge revision), which the ASGI answers get from
+    uvicorn."""
     body = error_body(code, reason, message)
     phrase = HTTPStatus(code).phrase
-    return (f"HTTP/1.1 {code} {phrase}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-            f"x-genrm-reason: {reason}\r\nconnection: close\r\n\r\n").encode() + body
+    fields = b"".join(name + b": " + value + b"\r\n" for name, value in defaults)
+    return (f"HTTP/1.1 {code} {phrase}\r\n".encode() + fields
+            + (f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
+               f"x-genrm-reason: {reason}\r\nconnection: close\r\n\r\n").encode() + body)

@@ -40,7 +40,7 @@ from genrm_contract.peers import (
     forward_tag,
 )
 from genrm_contract.sidecar import DRAINING_HEADER as DRAINING
-from genrm_contract.sidecar import DrainState, RefusalReason
+from genrm_contract.sidecar import REVISION_HEADER, DrainState, RefusalReason
 from starlette.types import Receive, Scope, Send
 
 from genrm_gateway.admission import Admission
@@ -79,10 +79,10 @@ CLIENT_CLOSED = 499
 # is the gateway's to check (``apikey.ClientAuth``), not the engine's.
 FORWARDED_HEADERS = frozenset({b"content-type", b"accept"})
 # Engine (or peer) response headers that are connection-scoped or recomputed for the client: the
-# request id, the drain and forward marks are this gateway's to set.
+# request id, the drain and forward marks and the judge revision are this gateway's to set.
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade",
                          b"proxy-connection", b"content-length", b"trailer", b"date", b"server",
-                         REQUEST_ID_HEADER, DRAINING_HEADER[0], FORWARDED_TO, PROOF})
+                         REQUEST_ID_HEADER, DRAINING_HEADER[0], FORWARDED_TO, PROOF, REVISION_HEADER.encode()})
 
 
 class _DisconnectWatcher:

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from genrm_operator.api.pool import GROUP, PLURAL, GenRMPoolSpec
 from genrm_operator.core.children import pod_manifest
+from genrm_operator.core.names import JUDGE_REVISION_LABEL
 
 from .conftest import CHART, KUBE_VERSION, REPO, Manifest, Render, find, run_helm
 
@@ -255,6 +256,8 @@ def test_pod_monitor_selects_the_judge_pods_gateway_port(render: Render) -> None
     assert endpoint["port"] in port_names and endpoint["path"] == "/metrics"
     assert {"sourceLabels": ["__meta_kubernetes_pod_label_genrm_io_pool"], "targetLabel": "pool"} \
         in endpoint["relabelings"]
+    revision = {"sourceLabels": ["__meta_kubernetes_pod_label_genrm_io_judge_revision"], "targetLabel": "revision"}
+    assert revision in endpoint["relabelings"] and JUDGE_REVISION_LABEL in pod["metadata"]["labels"]
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["judges", "judges-staging"]}
     default = find(render(set=("metrics.gatewayPodMonitor.enabled=true",), monitoring=True), "PodMonitor")
     assert default["spec"]["namespaceSelector"] == {"any": True}

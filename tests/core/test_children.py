@@ -32,6 +32,7 @@ from genrm_gateway.config import Limits
 from genrm_operator.api.pool import GenRMPoolSpec
 from genrm_operator.api.spec import KEY_SPELLINGS, GatewayLimits
 from genrm_operator.core import children
+from genrm_operator.core.judge import judge_revision
 from genrm_operator.core.names import ORDINAL_LABEL, POOL_LABEL, PUBLISHED_LABEL, secret_name
 
 POOL_UID = "7d1c0d3e-0000-4000-8000-000000000001"
@@ -83,14 +84,15 @@ def test_served_name_revision_and_extra_args_are_passed_to_the_engine() -> None:
                      engine={"extraArgs": ["--mem-fraction-static", "0.8"]})
     args = container(pod(spec), "engine")["args"]
     assert flag(args, "--served-model-name") == "judge" and flag(args, "--revision") == "v2"
-    assert args[-2:] == ["--mem-fraction-static", "0.8"]
+    assert args[-4:] == ["--mem-fraction-static", "0.8", "--weight-version", judge_revision(spec)], \
+        "the user's arguments, then the judge revision, which SGLang's parser keeps as the last value"
 
 
 def test_the_command_and_args_can_be_overridden_so_the_simulator_stands_in() -> None:
     spec = make_spec(engine={"command": ["genrm-sim"], "args": ["--port", "30000"], "extraArgs": ["--fast"]})
     engine = container(pod(spec), "engine")
     assert engine["command"] == ["genrm-sim"]
-    assert engine["args"] == ["--port", "30000", "--fast"]
+    assert engine["args"] == ["--port", "30000", "--fast", "--weight-version", judge_revision(spec)]
     seeded = container(pod(make_spec(engine={"command": ["genrm-sim"]})), "engine")
     assert seeded["command"] == ["genrm-sim"] and "--random-seed" in seeded["args"]
 

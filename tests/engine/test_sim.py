@@ -475,7 +475,8 @@ def test_ignore_eos_decodes_to_max_new_tokens_on_every_api() -> None:
 def test_a_native_answer_carries_sglangs_meta_info_and_token_ids() -> None:
     """``meta_info`` as SGLang's tokenizer manager builds it, timings only under ``--enable-metrics``;
     a stream's first chunk says when it was sent, its last adds the spans and latencies."""
-    with run_sim("--sim-itl-ms", "1") as sim, run_sim("--sim-itl-ms", "1", "--revision", "r7") as other:
+    with run_sim("--sim-itl-ms", "1") as sim, \
+            run_sim("--sim-itl-ms", "1", "--revision", "r7", "--weight-version", "w3") as other:
         body = {"text": "x", "sampling_params": {"max_new_tokens": 5, "temperature": 0}}
         answer = httpx.post(f"{sim.url}/generate", json=body).json()
         meta = answer["meta_info"]
@@ -490,7 +491,9 @@ def test_a_native_answer_carries_sglangs_meta_info_and_token_ids() -> None:
         assert [len(c["output_ids"]) for c in chunks] == [1, 2, 3, 4, 5]  # cumulative, as the text
         assert ["response_sent_to_client_ts" in c["meta_info"] for c in chunks] == [True, False, False, False, True]
         assert "e2e_latency" in chunks[-1]["meta_info"] and "e2e_latency" not in chunks[-2]["meta_info"]
-        assert httpx.post(f"{other.url}/generate", json=body).json()["meta_info"]["weight_version"] == "r7"
+        # SGLang's weight version is --weight-version's, whatever --revision downloaded.
+        assert httpx.post(f"{other.url}/generate", json=body).json()["meta_info"]["weight_version"] == "w3"
+        assert httpx.get(f"{other.url}/model_info").json()["weight_version"] == "w3"
     call, outcome = NativeGenerate().parse({"text": "x"}, "m", False), Outcome("r", "t", "length", 1, 1)
     assert "queue_time" not in NativeGenerate().response(call, outcome)["meta_info"]  # without --enable-metrics
     assert "queue_time" in NativeGenerate(metrics=True).response(call, outcome)["meta_info"]

@@ -137,7 +137,8 @@ class EngineSpec(ApiModel):
     args: list[str] = Field(default_factory=list, max_length=MAX_ARGUMENTS)
     """Replaces the generated SGLang arguments entirely when not empty (advanced)."""
     extra_args: list[str] = Field(default_factory=list, max_length=MAX_ARGUMENTS)
-    """Extra SGLang arguments appended to the generated ones."""
+    """Extra SGLang arguments appended to the generated ones; the operator's --weight-version (the pool's
+    judge revision, reported with every answer) comes after them."""
     seed: int = Field(42, ge=0, le=2**31 - 1)
     """The single --random-seed every replica of the pool uses, so replicas answer identically."""
     deterministic: bool = True

@@ -18,10 +18,12 @@ from genrm_contract import drained, sidecar
 from ..api.pool import GROUP, KIND, VERSION, GenRMPoolSpec
 from ..api.spec import GatewayLimits, GatewaySpec, SecretKeySelector
 from . import placement
+from .judge import judge_revision
 from .names import (
     ENGINE_CONTAINER,
     ENGINE_KEY_CONTAINER,
     GATEWAY_CONTAINER,
+    JUDGE_REVISION_LABEL,
     ORDINAL_LABEL,
     POOL_LABEL,
     PUBLISHED_LABEL,
@@ -37,6 +39,8 @@ from .names import (
 Manifest = dict[str, Any]
 REVISION_LENGTH = 10
 SGLANG_LAUNCHER = ["python3", "-m", "sglang.launch_server"]
+WEIGHT_VERSION_FLAG = "--weight-version"
+"""SGLang's name for the weights an answer came from (``meta_info.weight_version``)."""
 SHUTDOWN_SLACK_SECONDS = 30
 """Engine shutdown after the drain, plus margin, inside terminationGracePeriodSeconds."""
 
@@ -60,10 +64,15 @@ def owner_reference(pool: str, uid: str) -> Manifest:
 
 def engine_args(spec: GenRMPoolSpec) -> list[str]:
     """One command line for SGLang and the simulator: same seed and determinism on every replica. A
-    key-protected engine gets ``--config`` with its key file (the key itself is on no command line)."""
+    key-protected engine gets ``--config`` with its key file (the key itself is on no command line).
+
+    ``--weight-version`` is the judge revision, after the user's arguments: SGLang's parser keeps
+    the last value, so every answer's ``weight_version`` names the judge that gave it, whatever
+    ``args`` or ``extraArgs`` say."""
     engine = spec.engine
     config = ["--config", ENGINE_CONFIG_PATH] if engine.api_key else []
-    return [*(engine.args or _generated_args(spec)), *engine.extra_args, *config]
+    return [*(engine.args or _generated_args(spec)), *engine.extra_args, WEIGHT_VERSION_FLAG, judge_revision(spec),
+            *config]
 
 
 def _generated_args(spec: GenRMPoolSpec) -> list[str]:
@@ -175,7 +184,9 @@ never wait for the probe: they unpublish first."""
 
 def _replica_pod(pool: str, pool_uid: str, namespace: str, spec: GenRMPoolSpec, name: str, ordinal: int) -> Manifest:
     engine, gateway, template = spec.engine, spec.gateway, spec.template
-    labels = {**template.labels, **common_labels(pool), ORDINAL_LABEL: str(ordinal), PUBLISHED_LABEL: "false"}
+    judge = judge_revision(spec)
+    labels = {**template.labels, **common_labels(pool), ORDINAL_LABEL: str(ordinal), PUBLISHED_LABEL: "false",
+              JUDGE_REVISION_LABEL: judge}
     drain_deadline = spec.drain.propagation_seconds + spec.drain.timeout_seconds
     engine_container: Manifest = {
         "name": ENGINE_CONTAINER,
@@ -199,6 +210,7 @@ def _replica_pod(pool: str, pool_uid: str, namespace: str, spec: GenRMPoolSpec, 
             "--max-body-bytes", str(gateway.max_request_body_bytes),
             "--quiet-seconds", str(spec.drain.quiet_seconds),
             "--propagation-seconds", str(spec.drain.propagation_seconds),
+            sidecar.JUDGE_REVISION_FLAG, judge,
             *gateway_limit_args(gateway.limits),
         ],
         "env": [_token_env(pool)],
