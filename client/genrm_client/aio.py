@@ -57,13 +57,16 @@ class AsyncJudgeClient(Judge[Coroutine[Any, Any, Verdict]]):
     """Judge calls for an event loop. ``async with AsyncJudgeClient(url, api_key=...) as judge:``."""
 
     def __init__(self, url: str | PoolConfig, api_key: str | None = None, *, seed: int | None = None,
-                 **settings: Any) -> None:
+                 http_transport: httpx.AsyncBaseTransport | None = None, **settings: Any) -> None:
+        """``settings`` are :class:`PoolConfig`'s; ``http_transport`` replaces httpx's (a proxy, a test's
+        mock); ``seed`` fixes the retry jitter."""
         config = url if isinstance(url, PoolConfig) else PoolConfig(url.rstrip("/"), api_key, **settings)
         super().__init__(config, seed)
         self.window = Window(config.window)
         self._http = httpx.AsyncClient(base_url=config.url,
                                        timeout=transport.timeout(config.read_timeout_s, config.connect_timeout_s),
-                                       limits=httpx.Limits(max_connections=config.max_connections))
+                                       limits=httpx.Limits(max_connections=config.max_connections),
+                                  transport=http_transport)
 
     async def call(self, request: JudgeRequest) -> Verdict:
         """The verdict of ``request``, retried as `genrm_client.retry` allows; a typed error otherwise."""

@@ -153,7 +153,7 @@ def final_error(outcome: Outcome) -> JudgeError | None:
         return None
     message = f"{outcome.status} {outcome.reason or ''}: {_message(outcome.body)}".replace("  ", " ")
     kind: type[JudgeError]
-    if retryable(outcome):
+    if retryable(outcome) or outcome.status == 503:
         kind = JudgeUnavailable
     elif outcome.status == 504:
         kind = JudgeTimeout

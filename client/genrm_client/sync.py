@@ -27,19 +27,23 @@ class JudgeClient(Judge[Verdict]):
     """Judge calls that block; thread-safe. ``JudgeClient("http://judge.rl.svc:8000", api_key=...)``."""
 
     def __init__(self, url: str | PoolConfig, api_key: str | None = None, *, seed: int | None = None,
-                 **settings: Any) -> None:
+                 http_transport: httpx.BaseTransport | None = None, **settings: Any) -> None:
+        """``settings`` are :class:`PoolConfig`'s; ``http_transport`` replaces httpx's (a proxy, a test's
+        mock); ``seed`` fixes the retry jitter."""
         config = url if isinstance(url, PoolConfig) else PoolConfig(url.rstrip("/"), api_key, **settings)
         super().__init__(config, seed)
         self._http = httpx.Client(base_url=config.url,
                                   timeout=transport.timeout(config.read_timeout_s, config.connect_timeout_s),
-                                  limits=httpx.Limits(max_connections=config.max_connections))
+                                  limits=httpx.Limits(max_connections=config.max_connections),
+                                  transport=http_transport)
 
     def call(self, request: JudgeRequest) -> Verdict:
         """The verdict of ``request``, retried as `genrm_client.retry` allows; a typed error otherwise."""
         try:
-            return settle(self._drive(attempts(request, self.config.policy, self._rng)))
+            verdict = self._drive(attempts(request, self.config.policy, self._rng))
         except JudgeError as error:
             raise failed(error) from None
+        return settle(verdict)
 
     def judge_many(self, requests: Iterable[JudgeRequest],
                    progress: Callable[[int, int], None] | None = None) -> list[Verdict | Unjudged]:
