@@ -19,9 +19,6 @@ REVISION_HEADER = "x-genrm-revision"
 """The judge revision that answered. Not emitted by the pool yet (the judge-switch work adds it);
 until then the client reads SGLang's ``weight_version`` in the answer's body."""
 
-RETRYABLE_REASONS = frozenset({"draining", "engineUnavailable", "tooManyConnections", "tooManyPipelined",
-                               "holdQueueFull", "holdTimeout", "poolRemoved"})
-"""The pool's retryable refusals (each also says so in :data:`SHOULD_RETRY_HEADER`)."""
 OVERLOAD_REASONS = frozenset({"holdQueueFull", "tooManyConnections"})
 """Retryable refusals that mean the pool is overloaded (not one replica leaving): a batch sends
 fewer at once after one, as after a ``429``."""

@@ -8,8 +8,9 @@ from __future__ import annotations
 import socket
 
 import httpx
+import openai
 import pytest
-from conftest import Stack
+from conftest import Stack, gateway_stack
 from genrm_contract.sidecar import RefusalReason
 from genrm_gateway.errors import refusal_response
 
@@ -45,3 +46,28 @@ def test_a_real_gateways_final_refusals_say_do_not_retry(shared: Stack) -> None:
             answer += chunk
     head = answer.split(b"\r\n\r\n")[0].lower()
     assert head.startswith(b"http/1.1 431") and b"x-should-retry: false" in head, head
+
+
+
+def refused(stack: Stack, reason: str) -> float:
+    try:
+        return stack.metric(f'genrm_gateway_refused_total{{reason="{reason}"}}')
+    except KeyError:
+        return 0.0
+
+
+def test_the_unmodified_openai_client_obeys_the_marker() -> None:
+    """The ``openai`` client retries every 5xx by its status alone, twice by default; the marker
+    overrides that both ways: the 502 of an engine that died under the request (it may have been
+    judged) is sent once, the 503 of an engine that is down is retried after its Retry-After."""
+    with gateway_stack(sim_args=("--sim-crash-after", "0", "--sim-ttft-ms", "50")) as stack, \
+            openai.OpenAI(base_url=f"{stack.url}/v1", api_key="none", max_retries=2) as judge:
+        chat = {"model": "judge", "messages": [{"role": "user", "content": "Is 2+2=4?"}], "max_tokens": 4}
+        with pytest.raises(openai.InternalServerError) as crashed:
+            judge.chat.completions.create(**chat)  # type: ignore[call-overload]
+        assert (crashed.value.status_code, crashed.value.response.headers["x-should-retry"]) == (502, "false")
+        assert (refused(stack, "engineDisconnected"), refused(stack, "engineUnavailable")) == (1, 0), "sent once"
+        with pytest.raises(openai.InternalServerError) as down:
+            judge.chat.completions.create(**chat)  # type: ignore[call-overload]
+        assert (down.value.status_code, down.value.response.headers["x-should-retry"]) == (503, "true")
+        assert refused(stack, "engineUnavailable") == 3, "the first try and two retries"
