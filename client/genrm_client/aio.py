@@ -60,13 +60,13 @@ class AsyncJudgeClient(Judge[Coroutine[Any, Any, Verdict]]):
                  http_transport: httpx.AsyncBaseTransport | None = None, **settings: Any) -> None:
         """``settings`` are :class:`PoolConfig`'s; ``http_transport`` replaces httpx's (a proxy, a test's
         mock); ``seed`` fixes the retry jitter."""
-        config = url if isinstance(url, PoolConfig) else PoolConfig(url.rstrip("/"), api_key, **settings)
-        super().__init__(config, seed)
+        super().__init__(url, api_key, seed, settings)
+        config = self.config
         self.window = Window(config.window)
         self._http = httpx.AsyncClient(base_url=config.url,
                                        timeout=transport.timeout(config.read_timeout_s, config.connect_timeout_s),
                                        limits=httpx.Limits(max_connections=config.max_connections),
-                                  transport=http_transport)
+                                       transport=http_transport)
 
     async def call(self, request: JudgeRequest) -> Verdict:
         """The verdict of ``request``, retried as `genrm_client.retry` allows; a typed error otherwise."""

@@ -28,8 +28,9 @@ HINT_POLICY = RetryPolicy(deadline_s=10.0, max_attempts=4)
 class Judge(Generic[R]):
     """The routes of a pool; ``call`` is the client's (sync: a verdict; async: a coroutine of one)."""
 
-    def __init__(self, config: PoolConfig, seed: int | None = None) -> None:
-        self.config = config
+    def __init__(self, url: str | PoolConfig, api_key: str | None, seed: int | None,
+                 settings: Mapping[str, Any]) -> None:
+        self.config = url if isinstance(url, PoolConfig) else PoolConfig(url.rstrip("/"), api_key, **settings)
         self._rng = random.Random(seed)
 
     def call(self, request: JudgeRequest) -> R:

@@ -30,8 +30,8 @@ class JudgeClient(Judge[Verdict]):
                  http_transport: httpx.BaseTransport | None = None, **settings: Any) -> None:
         """``settings`` are :class:`PoolConfig`'s; ``http_transport`` replaces httpx's (a proxy, a test's
         mock); ``seed`` fixes the retry jitter."""
-        config = url if isinstance(url, PoolConfig) else PoolConfig(url.rstrip("/"), api_key, **settings)
-        super().__init__(config, seed)
+        super().__init__(url, api_key, seed, settings)
+        config = self.config
         self._http = httpx.Client(base_url=config.url,
                                   timeout=transport.timeout(config.read_timeout_s, config.connect_timeout_s),
                                   limits=httpx.Limits(max_connections=config.max_connections),
