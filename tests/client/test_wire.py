@@ -3,6 +3,8 @@ every refusal the pool writes carries its retry marker, and the client's version
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -40,3 +42,21 @@ def test_the_client_is_versioned_with_the_project() -> None:
     client = tomllib.loads((ROOT / "client" / "pyproject.toml").read_text())
     assert client["project"]["version"] == project == __version__
     assert client["project"]["dependencies"] == ["httpx>=0.27,<1"], "httpx and the standard library only"
+
+
+def test_the_client_distribution_holds_the_client_and_its_adapters_only() -> None:
+    from setuptools import find_packages
+
+    found = find_packages(where=str(ROOT / "client"), include=["genrm_client*"])
+    assert sorted(found) == ["genrm_client", "genrm_client.adapters"]
+    assert (ROOT / "client" / "genrm_client" / "py.typed").exists()
+
+
+def test_importing_the_client_and_every_adapter_loads_nothing_of_the_pool() -> None:
+    """What a training machine imports: httpx and the standard library (no pydantic, no Kubernetes)."""
+    code = ("import sys, genrm_client, genrm_client.adapters.verl, genrm_client.adapters.openrlhf, "
+            "genrm_client.adapters.slime, genrm_client.adapters.relax; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'pydantic', 'genrm_contract', 'genrm_gateway', "
+            "'genrm_operator', 'kubernetes', 'kopf', 'torch', 'aiohttp'}))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"
