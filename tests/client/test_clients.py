@@ -177,3 +177,15 @@ def test_async_step_counts_tasks_created_inside_it() -> None:
             return step.report().verdicts
 
     assert asyncio.run(run()) == 5
+
+
+def test_the_pool_from_the_environment() -> None:
+    from genrm_client import PoolConfig
+
+    config = PoolConfig.from_env({"GENRM_URL": "http://judge.rl.svc:8000/", "GENRM_API_KEY": "k",
+                                  "GENRM_MODEL": "judge", "GENRM_DEADLINE_SECONDS": "30"})
+    assert (config.url, config.api_key, config.model, config.policy.deadline_s) == (
+        "http://judge.rl.svc:8000", "k", "judge", 30.0)
+    assert PoolConfig.from_env({"GENRM_URL": "http://j:8000"}).api_key is None
+    with pytest.raises(RuntimeError, match="GENRM_URL"):
+        PoolConfig.from_env({})
