@@ -3,18 +3,19 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml hack/pyproject.toml constraints.txt 2>/dev/null | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml hack/pyproject.toml client/pyproject.toml constraints.txt 2>/dev/null | sha1sum | cut -c1-12)
 CLUSTER ?= local
 VERSION := $(shell sed -n "s/^version = \"\(.*\)\"/\1/p" pyproject.toml)
 
 .PHONY: venv tools test unit lint e2e test-real-engine engine-env soak dev crds docs sglang-contract bench-gateway bench-parts bench-autoscaler bench-spread bench-scale-to-zero bench-operator images control-plane clean
 
-## venv: the project and its development tools (hack/pyproject.toml: local cluster, benchmarks, test
-## helpers; never shipped), both editable
-$(STAMP): pyproject.toml hack/pyproject.toml constraints.txt
+## venv: the project, its trainer-side client (client/pyproject.toml: genrm-client, installed alone on
+## training machines) and its development tools (hack/pyproject.toml: local cluster, benchmarks, test
+## helpers; never shipped), all editable
+$(STAMP): pyproject.toml hack/pyproject.toml client/pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev]' -e ./hack
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]' -e ./hack -e ./client
 	@rm -f $(VENV)/.installed-*; touch $@
 
 venv: $(STAMP)
@@ -32,7 +33,7 @@ tools:
 test: venv tools lint control-plane unit e2e test-real-engine
 
 lint: venv
-	$(VENV)/bin/ruff check operator gateway contract engine hack bench tests e2e
+	$(VENV)/bin/ruff check operator gateway contract engine client hack bench tests e2e
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mypy hack/sglang_contract.py
 	$(VENV)/bin/lint-imports

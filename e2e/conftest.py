@@ -75,6 +75,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(SOAK.figures.line())
     if TALLY.speed_guard:
         terminalreporter.write_line(TALLY.speed_guard)
+    if TALLY.trainer_client:
+        terminalreporter.write_line(TALLY.trainer_client)
     terminalreporter.write_line(
         f"e2e-summary: requests={TALLY.requests} failed={TALLY.failed} "
         f"scale_ops={TALLY.scale_ops} operator_kills={TALLY.operator_kills} "

@@ -44,6 +44,8 @@ class Tally:
     """The smallest share of the three new replicas over the same 30 s."""
     speed_guard: str = ""
     """The operator speed guard's line (test_operator_speed), when it ran."""
+    trainer_client: str = ""
+    """The trainer client's line (test_trainer_client), when it ran."""
 
 
 TALLY = Tally()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import enum
 import secrets
+from collections.abc import Mapping
+from types import MappingProxyType
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -55,6 +57,11 @@ JUDGE_REVISION_FLAG = "--judge-revision"
 """The gateway's flag (env ``GENRM_JUDGE_REVISION``) with the value of `REVISION_HEADER`."""
 JUDGE_REVISION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 """What a judge revision may be: it goes into a response header and a label value as it is."""
+SHOULD_RETRY_HEADER = "x-should-retry"
+"""``true`` or ``false`` on every refusal the gateway and the activator write (:func:`retry_headers`).
+Why this name: it is the marker the unmodified ``openai`` client already obeys (it overrides the
+client's own guess from the status), so a trainer on that client retries exactly what the pool says
+is safe, and a trainer on ``genrm-client`` reads the same marker."""
 
 QUIET_SECONDS = 2
 """Fenced, empty and engine-idle this long counts as drained."""
@@ -119,7 +126,7 @@ class RefusalReason(enum.StrEnum):
     ``x-genrm-reason`` header, the JSON error's ``reason`` and the ``reason`` label of
     ``genrm_gateway_refused_total``. Clients and the operator act on ``draining`` and
     ``engineUnavailable`` (both carry ``Retry-After`` and close the connection: retry on another
-    replica)."""
+    replica); which reasons are retryable is :data:`RETRYABLE_REASONS`."""
 
     DRAINING = "draining"
     ENGINE_UNAVAILABLE = "engineUnavailable"
@@ -184,6 +191,32 @@ class RefusalReason(enum.StrEnum):
     """No replica served within ``holdTimeoutSeconds`` (503, Retry-After)."""
     POOL_REMOVED = "poolRemoved"
     """The pool's route went away while the request was held (503, Retry-After)."""
+
+
+RETRYABLE_REASONS: Mapping[RefusalReason, int] = MappingProxyType({
+    RefusalReason.DRAINING: 1, RefusalReason.ENGINE_UNAVAILABLE: 1, RefusalReason.TOO_MANY_CONNECTIONS: 1,
+    RefusalReason.TOO_MANY_PIPELINED: 1, RefusalReason.HOLD_QUEUE_FULL: 1, RefusalReason.POOL_REMOVED: 1,
+    RefusalReason.HOLD_TIMEOUT: 5,
+})
+"""The refusals a client may send again, unchanged, and the ``Retry-After`` (seconds) each carries.
+Each comes before any engine work (nothing was judged), and another replica, or the same pool a
+moment later, can answer: a second is kube-proxy's margin to send the retry elsewhere; a pool that
+held a request for its whole hold timeout is still starting, so its clients wait longer. Every other
+refusal is final for that request: a malformed or unauthenticated request stays so, and an engine
+or peer that broke under a request (``engineDisconnected``, ``peerFailed``, ...) may have judged it."""
+OVERLOAD_REASONS = frozenset({RefusalReason.HOLD_QUEUE_FULL, RefusalReason.TOO_MANY_CONNECTIONS})
+"""The retryable refusals that say the pool has more than it can take, not that one replica is
+leaving: a client sending batches sends fewer at once after one (as after a ``429``)."""
+
+
+def retry_headers(reason: RefusalReason) -> tuple[tuple[str, str], ...]:
+    """What a refusal for ``reason`` says about retrying it: the :data:`SHOULD_RETRY_HEADER` marker,
+    and ``Retry-After`` when it is retryable. Every refusal of the gateway and the activator carries
+    these, decided here once, so no refusal can be marked otherwise than its reason."""
+    seconds = RETRYABLE_REASONS.get(reason)
+    if seconds is None:
+        return ((SHOULD_RETRY_HEADER, "false"),)
+    return (SHOULD_RETRY_HEADER, "true"), ("retry-after", str(seconds))
 
 
 class HandBack(enum.StrEnum):

@@ -253,7 +253,7 @@ class Activator:
         pool = self._pools.get(key)
         if pool is None:
             raise Refusal(503, RefusalReason.POOL_REMOVED, "the pool's route was removed while the body was read",
-                          ((b"retry-after", b"1"),), close=True)
+                          close=True)
         if not pool.serving.is_set() and not await self._hold(pool, receive):
             return  # the client left while held: nothing to forward, nothing to answer
         if self._past_deadline.is_set():
@@ -261,7 +261,7 @@ class Activator:
         current = self._pools.get(key)
         if current is None or not current.route.targets:
             raise Refusal(503, RefusalReason.POOL_REMOVED, "the pool's route was removed while the request was held",
-                          ((b"retry-after", b"1"),), close=True)
+                          close=True)
         await self._forward(current, scope, body, send)
 
     async def _hold(self, pool: _Pool, receive: Receive) -> bool:
@@ -271,7 +271,7 @@ class Activator:
         route = pool.route
         if pool.held >= route.max_held:
             raise Refusal(503, RefusalReason.HOLD_QUEUE_FULL, f"{route.max_held} requests are already held for it",
-                          ((b"retry-after", b"1"),), close=True)
+                          close=True)
         pool.held += 1
         serving = asyncio.ensure_future(pool.serving.wait())
         stopped = asyncio.ensure_future(self._past_deadline.wait())
@@ -289,7 +289,7 @@ class Activator:
         if gone in done:
             return False
         raise Refusal(503, RefusalReason.HOLD_TIMEOUT, f"no replica served within {route.hold_timeout_seconds:g}s",
-                      ((b"retry-after", b"5"),), close=True)
+                      close=True)
 
     async def _forward(self, pool: _Pool, scope: Scope, body: bytes, send: Send) -> None:
         """Send the request to one serving replica (the next one after a refused connection) and
@@ -312,7 +312,7 @@ class Activator:
             except httpx.TransportError as exc:
                 # The request may have reached the replica (and be judged): never sent twice.
                 raise Refusal(502, RefusalReason.ENGINE_DISCONNECTED, f"the replica did not answer: {exc}",
-                              ((b"retry-after", b"1"),), close=True) from None
+                              close=True) from None
             try:
                 returned = _connection_listed(answer.headers.raw)
                 start = [(k, v) for k, v in answer.headers.raw
@@ -328,8 +328,7 @@ class Activator:
             finally:
                 await answer.aclose()
             return
-        raise Refusal(503, RefusalReason.ENGINE_UNAVAILABLE, "no serving replica accepted the request",
-                      ((b"retry-after", b"1"),), close=True)
+        raise Refusal(503, RefusalReason.ENGINE_UNAVAILABLE, "no serving replica accepted the request", close=True)
 
     async def _control(self, scope: Scope, receive: Receive, send: Send) -> None:
         authorization = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
@@ -400,8 +399,7 @@ class ActivatorServer(StoppingServer):
 def _stopped(message: str) -> Refusal:
     """The refusal of a stopping activator: retryable, as nothing was sent to a replica; the retry
     reaches a replica or the other activator through the Service, which no longer lists this one."""
-    return Refusal(503, RefusalReason.DRAINING, f"{message}; nothing was sent to a replica: retry",
-                   ((b"retry-after", b"1"),), close=True)
+    return Refusal(503, RefusalReason.DRAINING, f"{message}; nothing was sent to a replica: retry", close=True)
 
 
 def _connection_listed(headers: Iterable[tuple[bytes, bytes]]) -> set[bytes]:

@@ -49,7 +49,7 @@ from genrm_gateway.connection import Connections
 from genrm_gateway.demand import DemandBoard
 from genrm_gateway.drain import DrainConflict, DrainController
 from genrm_gateway.engine import EngineMonitor
-from genrm_gateway.errors import CLOSE_HEADER, REASON_HEADER, Refusal, error_body, send_error
+from genrm_gateway.errors import CLOSE_HEADER, Refusal, error_body, refusal_headers, send_error
 from genrm_gateway.metrics import GatewayMetrics
 from genrm_gateway.peers import Peers
 
@@ -59,7 +59,7 @@ MAX_CONTROL_BODY_BYTES = 64 * 1024
 
 def _error(code: int, reason: RefusalReason, message: str) -> Response:
     return Response(error_body(code, reason, message), code, media_type="application/json",
-                    headers={REASON_HEADER.decode(): reason})
+                    headers={name.decode(): value.decode() for name, value in refusal_headers(reason)})
 
 
 def require_token(authorization: Annotated[str | None, Header()] = None) -> None:

@@ -1,7 +1,9 @@
 """The one JSON error shape the gateway produces: ``{"error": {"reason", "message", "code"}}``.
 
 Why one shape: clients and the operator branch on ``reason`` (``draining`` is retryable on another
-replica, the rest are not), so every refusal, from the hot path or the control API, carries it.
+replica, the rest are not), so every refusal, from the hot path or the control API, carries it, and
+with it the retry marker its reason implies (``x-should-retry``, and ``Retry-After`` when retryable:
+`genrm_contract.sidecar.retry_headers`), added here and nowhere else.
 """
 
 from __future__ import annotations
@@ -15,6 +17,14 @@ from genrm_contract import sidecar
 from starlette.types import Send
 
 REASON_HEADER = sidecar.REASON_HEADER.encode()
+_RETRY_HEADERS = {reason: tuple((name.encode(), value.encode()) for name, value in sidecar.retry_headers(reason))
+                  for reason in sidecar.RefusalReason}
+"""Each reason's retry headers, encoded once (the hot path's refusals are written without building them)."""
+
+
+def refusal_headers(reason: sidecar.RefusalReason) -> tuple[tuple[bytes, bytes], ...]:
+    """The headers every refusal for ``reason`` carries: the reason and its retry marker."""
+    return ((REASON_HEADER, reason.encode()), *_RETRY_HEADERS[reason])
 
 
 def error_body(code: int, reason: sidecar.RefusalReason, message: str) -> bytes:
@@ -37,8 +47,9 @@ async def send_json(send: Send, code: int, body: bytes, headers: tuple[tuple[byt
 
 async def send_error(send: Send, code: int, reason: sidecar.RefusalReason, message: str,
                      extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
-    """The error shape, with the reason in a header too (for clients that read no body)."""
-    await send_json(send, code, error_body(code, reason, message), ((REASON_HEADER, reason.encode()), *extra))
+    """The error shape, with the reason and its retry marker in headers too (for clients that read no
+    body)."""
+    await send_json(send, code, error_body(code, reason, message), (*refusal_headers(reason), *extra))
 
 
 class Refusal(Exception):
@@ -64,7 +75,7 @@ def refusal_response(code: int, reason: sidecar.RefusalReason, message: str,
     uvicorn."""
     body = error_body(code, reason, message)
     phrase = HTTPStatus(code).phrase
-    fields = b"".join(name + b": " + value + b"\r\n" for name, value in defaults)
+    fields = b"".join(name + b": " + value + b"\r\n" for name, value in (*defaults, *refusal_headers(reason)))
     return (f"HTTP/1.1 {code} {phrase}\r\n".encode() + fields
-            + (f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
-               f"x-genrm-reason: {reason}\r\nconnection: close\r\n\r\n").encode() + body)
+            + f"content-type: application/json\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
+            + body)

@@ -71,7 +71,6 @@ PROOF = PROOF_HEADER.encode()
 # to that peer alone, and nothing is ever resent on a kept-alive connection that may have taken it.
 _ONE_REQUEST = (b"connection", b"close")
 _PASS_OVER = frozenset(reason.encode() for reason in PASS_OVER)
-RETRY_AFTER = (b"retry-after", b"1")
 # Status recorded for requests whose client went away before the answer (nginx's convention).
 CLIENT_CLOSED = 499
 # The only client headers the engine gets: what SGLang reads of a request. Never the client's
@@ -154,7 +153,7 @@ class Proxy:
         if not self._admission.try_admit():
             await self._refuse(send, route, Refusal(503, RefusalReason.DRAINING,
                                                     "the replica is draining; retry on another replica",
-                                                    (RETRY_AFTER,), close=True))
+                                                    close=True))
             return
         code = 500
         proof: tuple[tuple[bytes, bytes], ...] = ()
@@ -183,7 +182,7 @@ class Proxy:
         if wait > 0 and await self._engine.wait_up(wait):
             return False
         raise Refusal(503, RefusalReason.ENGINE_UNAVAILABLE, "the engine is not reachable; retry on another replica",
-                      (RETRY_AFTER,), close=True)
+                      close=True)
 
     async def _refuse(self, send: Send, route: ProxiedRoute, refusal: Refusal) -> None:
         self._metrics.refused(refusal.reason)
@@ -261,7 +260,7 @@ class Proxy:
             return CLIENT_CLOSED
         except EngineUnavailable as exc:  # this engine's only: a peer's is passed over (`_forward`)
             self._engine.mark_down()
-            raise Refusal(503, exc.reason, f"{exc}; retry on another replica", (RETRY_AFTER,), close=True) from exc
+            raise Refusal(503, exc.reason, f"{exc}; retry on another replica", close=True) from exc
         except EngineError as exc:
             code = 504 if isinstance(exc, EngineTimeout) else 502
             reason, message = exc.reason, str(exc)
@@ -326,7 +325,7 @@ class Proxy:
         self._metrics.forwarded(ForwardOutcome.EXHAUSTED)
         raise Refusal(503, RefusalReason.ENGINE_UNAVAILABLE,
                       "the engine is not reachable and no other replica took the request; retry",
-                      (RETRY_AFTER,), close=True)
+                      close=True)
 
     async def _read_body(self, receive: Receive) -> bytes:
         """The whole body within the body timeout, refused as soon as it passes the size limit."""

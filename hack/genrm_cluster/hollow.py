@@ -81,6 +81,7 @@ from genrm_contract.sidecar import (
     UndrainRequest,
     Versions,
     answers_ready,
+    retry_headers,
 )
 from pydantic import ValidationError
 
@@ -209,7 +210,9 @@ def _json(code: int, doc: Any, headers: dict[str, str] | None = None) -> Reply:
 
 
 def _refuse(code: int, reason: RefusalReason, message: str) -> Reply:
-    return _json(code, {"error": {"code": code, "reason": reason, "message": message}}, {REASON_HEADER: reason})
+    """The gateway's refusal: its error shape, its reason and its retry marker (`retry_headers`)."""
+    return _json(code, {"error": {"code": code, "reason": reason, "message": message}},
+                 {REASON_HEADER: reason, **dict(retry_headers(reason))})
 
 
 def long_poll(query: dict[str, list[str]]) -> tuple[int, float] | None:

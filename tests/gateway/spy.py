@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import h11
 from genrm_testing import free_port
+from genrm_testing.balancer import serving
 
 METRICS = b"sglang:num_running_reqs 0\nsglang:num_queue_reqs 0\nsglang:token_usage 0\n"
 STREAM_CHUNK = b"data: " + b"x" * (64 * 1024 - 8) + b"\n\n"
@@ -187,42 +187,6 @@ class SpyEngine:
             await writer.drain()
         self.stalled += 1
         await asyncio.sleep(3600)
-
-
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
-@contextmanager
-def serving(handler: Handler, port: int) -> Iterator[None]:
-    """A TCP server on a loopback port, run by its own event loop in a thread.
-
-    On exit every connection task is cancelled and awaited before the loop closes: tasks left
-    pending would be destroyed later by the garbage collector, at an arbitrary moment of the test run.
-    """
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    stop = asyncio.Event()
-
-    async def main() -> None:
-        server = await asyncio.start_server(handler, "127.0.0.1", port)
-        started.set()
-        await stop.wait()
-        server.close()
-        current = asyncio.current_task()
-        tasks = [task for task in asyncio.all_tasks() if task is not current]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    thread = threading.Thread(target=lambda: loop.run_until_complete(main()), daemon=True)
-    thread.start()
-    started.wait(10)
-    try:
-        yield
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(10)
-        loop.close()
 
 
 @contextmanager

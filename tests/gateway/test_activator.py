@@ -104,6 +104,8 @@ def test_the_hold_queue_and_the_hold_time_are_bounded_with_a_retryable_503() -> 
         codes = sorted((r.status_code, r.json()["error"]["reason"]) for r in results if isinstance(r, httpx.Response))
         assert codes == [(503, "holdQueueFull"), (503, "holdTimeout"), (503, "holdTimeout")], results
         assert all(r.headers.get("retry-after") for r in results if isinstance(r, httpx.Response))
+        assert sorted((r.headers["retry-after"], r.headers["x-should-retry"]) for r in results
+                      if isinstance(r, httpx.Response)) == [("1", "true"), ("5", "true"), ("5", "true")]
 
 
 def test_unknown_hosts_and_control_calls_without_the_token_are_refused() -> None:
@@ -237,6 +239,7 @@ def test_a_replica_that_drops_the_request_gets_a_502_and_a_route_removed_mid_bod
         route(act, [f"127.0.0.1:{port}"])
         dropped = httpx.post(f"{act.url}/generate", json={"text": "x"}, headers={"host": HOST})
         assert (dropped.status_code, dropped.json()["error"]["reason"]) == (502, "engineDisconnected")
+        assert dropped.headers["x-should-retry"] == "false" and "retry-after" not in dropped.headers
         body = b'{"text": "half"}'
         with socket.create_connection(("127.0.0.1", act.port)) as sock:
             sock.sendall(b"POST /generate HTTP/1.1\r\nHost: " + HOST.encode() + b"\r\ncontent-type: application/json"
@@ -329,6 +332,7 @@ def test_a_stopping_activator_closes_every_answer_and_refuses_kept_alive_request
                  PROPAGATION_SECONDS + 5, interval=0.2)
         head, body = _exchange(kept, _post("/generate", b'{"text": "late"}'))
         assert head.startswith(b"http/1.1 503") and b"retry-after: 1" in head and b"connection: close" in head, head
+        assert b"x-should-retry: true" in head, head
         assert b"draining" in body, body
         assert state(act)["held"] == {"rl/judge": 1}, "refused, never held"
         sender.join()

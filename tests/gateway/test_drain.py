@@ -54,6 +54,7 @@ def test_drain_ids_are_idempotent_and_exclusive(fresh: Stack) -> None:
     refused = httpx.post(f"{fresh.url}/generate", json={"text": "x"})
     assert refused.status_code == 503
     assert refused.headers["retry-after"] == "1" and refused.headers["x-genrm-reason"] == RefusalReason.DRAINING
+    assert refused.headers["x-should-retry"] == "true"
     assert refused.json()["error"]["reason"] == RefusalReason.DRAINING
     deadline = time.monotonic() + 5
     while fresh.state()["state"] != "Drained" and time.monotonic() < deadline:

@@ -11,8 +11,6 @@ must succeed while one replica goes Serving -> SoftDrain -> Fenced -> Drained.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -24,8 +22,7 @@ import openai
 import pytest
 import requests
 from conftest import Stack, gateway_stack
-from genrm_testing import free_port
-from spy import serving
+from genrm_testing.balancer import Balancer, serving
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -36,38 +33,6 @@ SOFT_DRAIN_SECONDS = 1.5
 JUDGE = {"text": "Is 2+2=4? Score 1-10.", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
 CHAT = {"model": "judge-sim", "messages": [{"role": "user", "content": "Is 2+2=4? Score 1-10."}],
         "temperature": 0, "max_tokens": 8}
-
-
-@dataclass
-class Balancer:
-    """A TCP balancer that picks a published backend per connection, round robin."""
-
-    published: list[int]
-    port: int = field(default_factory=free_port)
-    picks: dict[int, int] = field(default_factory=dict)
-
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(OSError):
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-        writer.close()
-
-    async def _connect(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
-        backend = self.published[next(self._turn) % len(self.published)]
-        self.picks[backend] = self.picks.get(backend, 0) + 1
-        try:
-            upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", backend)
-        except OSError:
-            client_writer.close()
-            return
-        await asyncio.gather(self._pipe(client_reader, upstream_writer), self._pipe(upstream_reader, client_writer))
-
-    def __post_init__(self) -> None:
-        self._turn = itertools.count()
-
-    def unpublish(self, backend: int) -> None:
-        self.published = [port for port in self.published if port != backend]
 
 
 @dataclass

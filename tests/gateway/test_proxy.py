@@ -127,6 +127,7 @@ def test_engine_killed_mid_request_gives_502_and_inflight_returns_to_zero() -> N
         response = asyncio.run(scenario())
         assert response.status_code == 502
         assert response.json()["error"]["reason"] == RefusalReason.ENGINE_DISCONNECTED
+        assert response.headers["x-should-retry"] == "false", "the engine may have judged it: never sent again"
         assert stack.metric("genrm_gateway_inflight_requests") == 0
         # The engine is gone: unready at once, and new requests get a retryable refusal that
         # also closes the connection, so a retry can reach another replica.
@@ -134,6 +135,7 @@ def test_engine_killed_mid_request_gives_502_and_inflight_returns_to_zero() -> N
         down = httpx.post(f"{stack.url}/generate", json={"text": "x"})
         assert down.status_code == 503 and down.json()["error"]["reason"] == RefusalReason.ENGINE_UNAVAILABLE
         assert down.headers["retry-after"] == "1" and down.headers["connection"] == "close"
+        assert down.headers["x-should-retry"] == "true"
         assert httpx.get(f"{stack.control}/healthz/live").status_code == 200
 
 

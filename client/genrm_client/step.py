@@ -1,0 +1,115 @@
+"""A training step's judge phase: its demand hint, its one judge revision, and its figures.
+
+Why a step: a trainer reasons per step. Its verdicts must come from one judge (rewards from two
+revisions in one batch are not comparable), its judge phase is a burst the pool can prepare for (a
+demand hint), and its figures (verdicts, failures, retries, latency) are what an RL engineer logs
+next to the loss. What the pool offers now: revisions are read from the answers (the
+``x-genrm-revision`` header once the pool sends it, SGLang's ``weight_version`` until then), and the
+first revision a step sees pins it; a verdict of another revision is :class:`MixedJudges`. Time held
+at zero is not visible to a client yet (the pool does not report it per answer).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import math
+import threading
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from genrm_client.errors import JudgeError, MixedJudges
+from genrm_client.verdict import Verdict
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """A step's figures, for the training log."""
+
+    step: int
+    verdicts: int
+    unjudged: int
+    errors: Mapping[str, int]
+    """Calls without a verdict, by error type (``JudgeUnavailable``, ``Refused``, ...)."""
+    retries: Mapping[str, int]
+    """Retries by cause (``connect``, ``closed``, ``unavailable``, ``overload``)."""
+    p50_s: float | None
+    p99_s: float | None
+    revision: str | None
+    hint_error: str | None = None
+    """Why the step's demand hint was not taken, if it was not (a hint is advice: the step goes on)."""
+
+    def line(self) -> str:
+        """One log line: ``judge step=12 verdicts=4096 unjudged=0 retries=3 p50=0.41s p99=2.3s rev=abc``."""
+        def seconds(value: float | None) -> str:
+            return "-" if value is None else f"{value:.3g}s"
+        return (f"judge step={self.step} verdicts={self.verdicts} unjudged={self.unjudged} "
+                f"retries={sum(self.retries.values())} p50={seconds(self.p50_s)} p99={seconds(self.p99_s)} "
+                f"rev={self.revision or '-'}")
+
+
+@dataclass
+class Step:
+    """The running figures of one step (thread-safe: a sync client's calls may come from threads)."""
+
+    number: int
+    revision: str | None = None
+    """The pinned revision: given, else the first one seen."""
+    hint_error: str | None = None
+    _latencies: list[float] = field(default_factory=list)
+    _errors: Counter[str] = field(default_factory=Counter)
+    _retries: Counter[str] = field(default_factory=Counter)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def verdict(self, verdict: Verdict) -> Verdict:
+        """Count ``verdict``, or raise :class:`MixedJudges` if another revision answered it."""
+        with self._lock:
+            self._retries.update(verdict.retries)
+            if verdict.revision is not None and self.revision is None:
+                self.revision = verdict.revision
+            if verdict.revision is not None and verdict.revision != self.revision:
+                self._errors[MixedJudges.__name__] += 1
+                raise MixedJudges(f"step {self.number} is pinned to revision {self.revision!r}, but revision "
+                                  f"{verdict.revision!r} answered request {verdict.request_id}",
+                                  (self.revision or "", verdict.revision))
+            self._latencies.append(verdict.latency_s)
+        return verdict
+
+    def failure(self, error: JudgeError) -> None:
+        """Count a call that ended without a verdict."""
+        with self._lock:
+            self._errors[type(error).__name__] += 1
+            self._retries.update(error.retries)
+
+    def report(self) -> StepReport:
+        with self._lock:
+            ordered = sorted(self._latencies)
+            return StepReport(self.number, len(ordered), sum(self._errors.values()), dict(self._errors),
+                              dict(self._retries), percentile(ordered, 50), percentile(ordered, 99), self.revision,
+                              self.hint_error)
+
+
+def percentile(ordered: list[float], p: float) -> float | None:
+    """The nearest-rank percentile of sorted values (None for none)."""
+    if not ordered:
+        return None
+    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
+_current: contextvars.ContextVar[Step | None] = contextvars.ContextVar("genrm_client_step", default=None)
+
+
+def current() -> Step | None:
+    """The step the calling code runs in (async tasks started inside it inherit it)."""
+    return _current.get()
+
+
+@contextmanager
+def entered(step: Step) -> Iterator[Step]:
+    """Make ``step`` the current one for the block."""
+    token = _current.set(step)
+    try:
+        yield step
+    finally:
+        _current.reset(token)

@@ -1,0 +1,57 @@
+"""A step pins the first revision it sees, counts its calls and reports its figures."""
+
+from __future__ import annotations
+
+import pytest
+from genrm_client.errors import JudgeUnavailable, MixedJudges
+from genrm_client.step import Step, current, entered, percentile
+from genrm_client.verdict import Verdict
+
+
+def verdict(revision: str | None, latency: float = 0.1, **retries: int) -> Verdict:
+    return Verdict({}, "r", revision, latency, 1 + sum(retries.values()), retries)
+
+
+def test_the_first_revision_pins_the_step_and_another_is_mixed_judges() -> None:
+    step = Step(3)
+    step.verdict(verdict(None))
+    step.verdict(verdict("a"))
+    step.verdict(verdict("a", closed=1))
+    with pytest.raises(MixedJudges) as mixed:
+        step.verdict(verdict("b"))
+    assert mixed.value.revisions == ("a", "b")
+    report = step.report()
+    assert (report.verdicts, report.unjudged, report.revision) == (3, 1, "a")
+    assert report.errors == {"MixedJudges": 1} and report.retries == {"closed": 1}
+
+
+def test_a_given_revision_is_pinned_from_the_start() -> None:
+    with pytest.raises(MixedJudges):
+        Step(1, revision="a").verdict(verdict("b"))
+
+
+def test_the_report_has_failures_by_type_retries_and_latency_percentiles() -> None:
+    step = Step(9)
+    for i in range(100):
+        step.verdict(verdict("a", latency=(i + 1) / 100))
+    failure = JudgeUnavailable("gone").settled("r", 3, {"unavailable": 2})
+    step.failure(failure)
+    report = step.report()
+    assert report.p50_s == 0.5 and report.p99_s == 0.99
+    assert report.errors == {"JudgeUnavailable": 1} and report.retries == {"unavailable": 2}
+    assert report.line() == "judge step=9 verdicts=100 unjudged=1 retries=2 p50=0.5s p99=0.99s rev=a"
+
+
+def test_percentiles_of_nothing_are_none() -> None:
+    assert percentile([], 50) is None
+    assert percentile([2.0], 99) == 2.0
+
+
+def test_the_current_step_is_the_innermost_block() -> None:
+    assert current() is None
+    with entered(Step(1)) as outer:
+        assert current() is outer
+        with entered(Step(2)) as inner:
+            assert current() is inner
+        assert current() is outer
+    assert current() is None
