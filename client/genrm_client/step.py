@@ -3,9 +3,9 @@
 Why a step: a trainer reasons per step. Its verdicts must come from one judge (rewards from two
 revisions in one batch are not comparable), its judge phase is a burst the pool can prepare for (a
 demand hint), and its figures (verdicts, failures, retries, latency) are what an RL engineer logs
-next to the loss. What the pool offers now: revisions are read from the answers (the
-``x-genrm-revision`` header once the pool sends it, SGLang's ``weight_version`` until then), and the
-first revision a step sees pins it; a verdict of another revision is :class:`MixedJudges`. Time held
+next to the loss. Revisions are read from the answers (the pool's ``x-genrm-revision`` header, else
+SGLang's ``weight_version``, for an engine reached without the pool's gateway), and the first
+revision a step sees pins it; a verdict of another revision is :class:`MixedJudges`. Time held
 at zero is not visible to a client yet (the pool does not report it per answer).
 """
 

@@ -16,8 +16,8 @@ REASON_HEADER = "x-genrm-reason"
 SHOULD_RETRY_HEADER = "x-should-retry"
 """``true`` or ``false`` on every refusal of the pool: whether the same request may be sent again."""
 REVISION_HEADER = "x-genrm-revision"
-"""The judge revision that answered. Not emitted by the pool yet (the judge-switch work adds it);
-until then the client reads SGLang's ``weight_version`` in the answer's body."""
+"""The judge revision that answered, on every answer of the pool's gateway; without it (an engine
+reached directly) the client reads SGLang's ``weight_version`` in the answer's body."""
 
 OVERLOAD_REASONS = frozenset({"holdQueueFull", "tooManyConnections"})
 """Retryable refusals that mean the pool is overloaded (not one replica leaving): a batch sends
