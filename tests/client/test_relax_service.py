@@ -113,3 +113,14 @@ def test_a_pool_that_does_not_answer_is_an_error_status_never_a_response() -> No
             assert answer.status_code == 503 and answer.json()["type"] == "JudgeUnavailable", answer.text
             assert httpx.get(f"{url}/health", timeout=30).status_code == 503
             assert httpx.get(f"{url}/metrics", timeout=30).json()["errors"] == 1
+
+
+def test_a_weight_version_unfit_for_a_header_never_reaches_relaxs_answer_head() -> None:
+    """An engine reached without the pool's gateway may report anything as its weight version."""
+    with run_sim("--random-seed", "3", "--weight-version", "v1\r\nx-injected: 1") as sim, \
+            JudgeClient(sim.url) as judge:
+        for url in serving(judge):
+            answer = httpx.post(f"{url}/generate", json={"messages": MESSAGES, "sampling_params": SAMPLING},
+                                timeout=30)
+            assert answer.status_code == 200 and answer.json()["response"]
+            assert "x-injected" not in answer.headers and REVISION_HEADER not in answer.headers

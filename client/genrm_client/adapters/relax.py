@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
@@ -136,10 +137,18 @@ def relax_request(body: bytes) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     return messages, {_SAMPLING[k]: v for k, v in sampling.items()}
 
 
+_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+"""A revision fit to go into a header as it is (an engine reached directly may report anything as its
+weight version; ``http.server`` writes header values unchecked)."""
+
+
 class _RelaxHandler(BaseHTTPRequestHandler):
     """Relax's three routes: ``POST /generate``, ``GET /health``, ``GET /metrics``."""
 
     protocol_version = "HTTP/1.1"
+    timeout = 120
+    """Seconds a connection may stay silent (a slow or stalled sender, an idle keep-alive) before its
+    thread lets it go; a judge call's own wait is the client's, not this."""
     server: RelaxService
 
     def do_POST(self) -> None:
@@ -159,7 +168,8 @@ class _RelaxHandler(BaseHTTPRequestHandler):
             return
         self.server.count("verdicts")
         self.server.count("retries", sum(verdict.retries.values()))
-        headers = {wire.REVISION_HEADER: verdict.revision} if verdict.revision else {}
+        revision = verdict.revision if verdict.revision and _TOKEN.fullmatch(verdict.revision) else None
+        headers = {wire.REVISION_HEADER: revision} if revision else {}
         self._answer(200, {"response": verdict.text, "revision": verdict.revision}, headers)
 
     def do_GET(self) -> None:
