@@ -3,9 +3,12 @@ goes through, beside a client that behaves as verl's reward-loop router does.
 
 One simulator pool serves, in sequence and under continuous load from both clients: a scale-out
 (1 -> 2), a rollout (a change of the engine's environment) during which the operator is SIGKILLed
-and restarted, the SIGKILL of one serving engine, a scale-in (2 -> 1), and scale to zero and back
-(the autoscaler empties the idle pool, then the clients send again: the activator holds their
-requests and wakes it). The load pauses only for the idle period that scale to zero needs.
+and restarted, the SIGKILL of one serving engine, a scale-in (2 -> 1), an overload burst, and
+scale to zero and back (the autoscaler empties the idle pool, then the clients send again: the
+activator holds their requests and wakes it). The load pauses only for the idle period that scale
+to zero needs. The overload burst: each client sends `BURST` more calls at once (an eval step: the
+burst that overwhelms a reward model, THUDM/slime#1582) to the one replica, whose connection limit
+(`MAX_CONNECTIONS`) refuses the connections beyond it with the retryable ``503 tooManyConnections``.
 
 * **The trainer's client**: one ``AsyncJudgeClient``, as verl's, slime's and Relax's async hooks
   hold one, with `WORKERS` calls in flight (SGLang's native ``/generate``, greedy). Every verdict's
@@ -17,13 +20,16 @@ requests and wakes it). The load pauses only for the idle period that scale to z
   marked ``x-should-retry: true``), and the retries the client reports equal the resends seen on
   the wire. The only errors allowed are typed ones (`genrm_client.JudgeError`) at the engine
   crash: ``502 engineDisconnected`` (only the crashed replica's gateway answers that: the request
-  was running inside that engine) on a call in flight when the engine died.
+  was running inside that engine) on a call in flight when the engine died. In the overload burst
+  the client must have retried (cause ``overload``: the refused connections), and no call ending
+  outside the burst may have been retried for ``overload`` (the limit is sized to refuse only it).
 * **verl-like**: verl's ``NaiveRouter._make_async_request`` (read at verl-project/verl
   ``34ae9879``, ``verl/experimental/reward_loop/router/naive_router.py``) in front of the pool's
   Service: no total timeout, ``raise_for_status`` raises any HTTP error at once, and transport
   errors are retried, 3 attempts with 2 s * 2^attempt between them, then raised. Its
   reward function posts OpenAI chat completions. Its failures are counted, not asserted: they are
-  what the trainer's client saves.
+  what the trainer's client saves (in the burst, each refused connection is an
+  ``HTTPStatusError: 503``).
 
 The closing ``trainer-client-e2e:`` line (printed by the e2e's terminal summary) gives both.
 """
@@ -66,6 +72,13 @@ AUTOSCALING: dict[str, Any] = {
 """Set once the other scenarios are done: 30 s is the shortest idle period a pool accepts."""
 VERL_ATTEMPTS = 3
 VERL_RETRY_DELAY_S = 2.0
+MAX_CONNECTIONS = 16
+"""The pool's ``spec.gateway.limits.maxConnections`` (per replica; beyond it a connection is answered
+``503 tooManyConnections``, ``x-should-retry: true``, ``Retry-After: 1``, and closed): well above
+what the other scenarios open to one replica (3 calls of each client in flight, and while the pool
+wakes from zero the activator's forwards of those 6 besides them), well below a burst."""
+BURST = 32
+"""Calls each client sends at once in the overload burst (an eval step's prompts), beside its workers."""
 
 
 def expected_text(model: str, prompt: str) -> str:
@@ -139,7 +152,8 @@ RESENDABLE = re.compile(r"^(ConnectError|ConnectTimeout|RemoteProtocolError|Writ
 
 class Load:
     """Both clients, `WORKERS` calls each in flight, on one event loop in a thread, until stopped;
-    ``pause`` lets the calls in flight end and sends nothing more until ``resume``."""
+    ``pause`` lets the calls in flight end and sends nothing more until ``resume``; ``burst`` sends
+    more calls of each client at once, beside the workers."""
 
     def __init__(self, url: str, model: str) -> None:
         self.url, self.model = url, model
@@ -149,6 +163,7 @@ class Load:
         self._sending = threading.Event()
         self._stop = threading.Event()
         self._inflight = 0
+        self._clients: tuple[asyncio.AbstractEventLoop, AsyncJudgeClient, httpx.AsyncClient] | None = None
         self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), name="trainer-load", daemon=True)
 
     def __enter__(self) -> Load:
@@ -168,9 +183,25 @@ class Load:
     def resume(self) -> None:
         self._sending.set()
 
+    def burst(self, calls: int) -> None:
+        """``calls`` more calls of each client, all at once on the load's clients (an eval step's prompts,
+        as a trainer gathers them), the two clients' calls interleaved so neither takes the free
+        connections first; returns when every one has ended."""
+        assert self._clients is not None, "the load is not running"
+        loop, judge, router = self._clients
+
+        async def burst() -> None:
+            ended = await asyncio.gather(*(call for _ in range(calls)
+                                           for call in (self._trainer(judge), self._verl_like(router))))
+            for outcome in ended:
+                self.outcomes.add(outcome)
+
+        asyncio.run_coroutine_threadsafe(burst(), loop).result(timeout=120)
+
     async def _run(self) -> None:
         async with AsyncJudgeClient(self.url, http_transport=self.wire) as judge, \
                 httpx.AsyncClient(timeout=httpx.Timeout(None)) as router:
+            self._clients = (asyncio.get_running_loop(), judge, router)
             workers = [self._worker(lambda: self._trainer(judge)) for _ in range(WORKERS)]
             workers += [self._worker(lambda: self._verl_like(router)) for _ in range(WORKERS)]
             await asyncio.gather(*workers)
@@ -291,6 +322,13 @@ def _scenario(name: str, marks: list[tuple[str, float, float]]) -> Iterator[None
     print(f"trainer-client-e2e: {name} done in {marks[-1][2] - started:.1f}s", flush=True)
 
 
+def _failure(outcome: Outcome) -> str:
+    """A failed call's exception type, and the HTTP status it raised for (``HTTPStatusError 503``)."""
+    kind, _, text = (outcome.error or "").partition(":")
+    status = re.search(r"'(\d{3}) ", text) if kind == "HTTPStatusError" else None
+    return f"{kind} {status.group(1)}" if status else kind
+
+
 def _patch(cluster: Cluster, namespace: str, spec: dict[str, Any]) -> None:
     cluster.kubectl("patch", "genrmpool", POOL, "-n", namespace, "--type", "merge", "-p", json.dumps({"spec": spec}))
 
@@ -303,7 +341,8 @@ def test_trainer_client_across_every_change_and_verl_like_beside_it(
     cluster: Cluster, operator: OperatorProcess, namespace: str
 ) -> None:
     began = time.monotonic()
-    cluster.kubectl("apply", "-f", "-", input=pool_manifest(POOL, namespace, replicas=1))
+    cluster.kubectl("apply", "-f", "-", input=pool_manifest(
+        POOL, namespace, replicas=1, gateway={"limits": {"maxConnections": MAX_CONNECTIONS}}))
     pool = cluster.wait_serving(namespace, POOL, 1)
     url, model = cluster.service_answering(namespace, POOL), served_model(pool)
     marks: list[tuple[str, float, float]] = []
@@ -343,6 +382,9 @@ def test_trainer_client_across_every_change_and_verl_like_beside_it(
             cluster.scale(namespace, POOL, 1)
             cluster.wait_serving(namespace, POOL, 1)
             answered(5)
+        with _scenario("overload-burst", marks):
+            load.burst(BURST)
+            answered(5)
         with _scenario("scale-to-zero-and-back", marks):
             load.pause()
             _patch(cluster, namespace, {"autoscaling": AUTOSCALING})
@@ -371,11 +413,21 @@ def test_trainer_client_across_every_change_and_verl_like_beside_it(
         f"verl_like_causes={','.join(f'{c}:{n}' for c, n in sorted(verl_causes.items())) or '-'} "
         f"seconds={time.monotonic() - began:.0f}")
     print(f"\n{TALLY.trainer_client}", flush=True)
+    by_scenario: dict[str, Counter[str]] = {}
     for name, start, end in marks:
-        failed = [o for o in verl_failed if start <= o.ended <= end]
-        print(f"trainer-client-e2e: {name}: verl-like failures {len(failed)}", flush=True)
+        failed = Counter(_failure(o) for o in verl_failed if start <= o.ended <= end)
+        by_scenario[name] = Counter(cause for o in client if start <= o.ended <= end
+                                    for cause, n in o.retries.items() for _ in range(n))
+        print(f"trainer-client-e2e: {name}: verl-like failures {failed.total()}"
+              f"{' (' + ', '.join(f'{c}: {n}' for c, n in sorted(failed.items())) + ')' if failed else ''}, "
+              f"client retries {','.join(f'{c}:{n}' for c, n in sorted(by_scenario[name].items())) or '0'}",
+              flush=True)
+    burst = next((start, end) for name, start, end in marks if name == "overload-burst")
+    overloaded_elsewhere = [o for o in client if o.retries.get("overload") and not burst[0] <= o.ended <= burst[1]]
     assert not unexpected, "\n".join(str(u) for u in unexpected[:50])
     assert not wire, "\n".join(wire[:50])
     assert verdicts > 200, f"only {verdicts} verdicts"
     assert all(cause in ("connect", "closed", "unavailable", "overload") for cause in retries), retries
     assert len(at_crash) <= WORKERS, "more calls failed at the crash than the client had in flight"
+    assert by_scenario["overload-burst"]["overload"] >= 1, f"no overload retry in the burst: {by_scenario}"
+    assert not overloaded_elsewhere, f"overload retries outside the burst: {overloaded_elsewhere[:10]}"
