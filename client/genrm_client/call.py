@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from genrm_client.calls import JudgeRequest
 from genrm_client.errors import BadAnswer, JudgeError
 from genrm_client.retry import Answer, Cause, Outcome, Retry, RetryPolicy, decide
-from genrm_client.verdict import Verdict, revision_of
+from genrm_client.verdict import Verdict, held_of, revision_of
 
 
 @dataclass(frozen=True)
@@ -67,4 +67,4 @@ def attempts(request: JudgeRequest, policy: RetryPolicy, rng: random.Random,
                             status=outcome.status).settled(request.id, attempt, retries) from None
         except JudgeError as error:
             raise error.settled(request.id, attempt, retries) from None
-        return Verdict(body, request.id, revision, clock() - started, attempt, dict(retries))
+        return Verdict(body, request.id, revision, clock() - started, attempt, dict(retries), held_of(outcome.headers))

@@ -5,8 +5,8 @@ revisions in one batch are not comparable), its judge phase is a burst the pool 
 demand hint), and its figures (verdicts, failures, retries, latency) are what an RL engineer logs
 next to the loss. Revisions are read from the answers (the pool's ``x-genrm-revision`` header, else
 SGLang's ``weight_version``, for an engine reached without the pool's gateway), and the first
-revision a step sees pins it; a verdict of another revision is :class:`MixedJudges`. Time held
-at zero is not visible to a client yet (the pool does not report it per answer).
+revision a step sees pins it; a verdict of another revision is :class:`MixedJudges`. Time held at
+zero is what the pool's activator says on each answer it held (``x-genrm-held-seconds``).
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ class StepReport:
     p99_s: float | None
     revision: str | None
     hint_error: str | None = None
+    held_s: float = 0.0
+    """Time the step's verdicts spent held by the pool's activator while the pool was at zero (summed
+    over calls: a wake-up the step's calls waited for together counts once per call)."""
     """Why the step's demand hint was not taken, if it was not (a hint is advice: the step goes on)."""
 
     def line(self) -> str:
@@ -46,7 +49,7 @@ class StepReport:
             return "-" if value is None else f"{value:.3g}s"
         return (f"judge step={self.step} verdicts={self.verdicts} unjudged={self.unjudged} "
                 f"retries={sum(self.retries.values())} p50={seconds(self.p50_s)} p99={seconds(self.p99_s)} "
-                f"rev={self.revision or '-'}")
+                f"held={self.held_s:.3g}s rev={self.revision or '-'}")
 
 
 @dataclass
@@ -60,6 +63,7 @@ class Step:
     _latencies: list[float] = field(default_factory=list)
     _errors: Counter[str] = field(default_factory=Counter)
     _retries: Counter[str] = field(default_factory=Counter)
+    _held_s: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def verdict(self, verdict: Verdict) -> Verdict:
@@ -74,6 +78,7 @@ class Step:
                                   f"{verdict.revision!r} answered request {verdict.request_id}",
                                   (self.revision or "", verdict.revision))
             self._latencies.append(verdict.latency_s)
+            self._held_s += verdict.held_s
         return verdict
 
     def failure(self, error: JudgeError) -> None:
@@ -87,7 +92,7 @@ class Step:
             ordered = sorted(self._latencies)
             return StepReport(self.number, len(ordered), sum(self._errors.values()), dict(self._errors),
                               dict(self._retries), percentile(ordered, 50), percentile(ordered, 99), self.revision,
-                              self.hint_error)
+                              self.hint_error, self._held_s)
 
 
 def percentile(ordered: list[float], p: float) -> float | None:

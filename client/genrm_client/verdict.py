@@ -7,6 +7,7 @@ every route shares: the text, a classifier's score, and the judge revision that 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,9 @@ class Verdict:
     """From the call's first attempt to its answer, retries included."""
     attempts: int
     retries: Mapping[str, int]
+    held_s: float = 0.0
+    """How long the pool's activator held the request while the pool was at zero (part of
+    ``latency_s``; 0 when it was not held)."""
 
     @property
     def text(self) -> str:
@@ -58,6 +62,16 @@ class Verdict:
             return [float(item["embedding"][0]) for item in items]
         except (KeyError, IndexError, TypeError, ValueError):
             raise BadAnswer(f"the answer has no classifier score (request {self.request_id})") from None
+
+
+def held_of(headers: Mapping[str, str]) -> float:
+    """The activator's hold time on an answer (``x-genrm-held-seconds``); 0 when absent or not a
+    finite, non-negative number (a figure, never a reason to fail a verdict)."""
+    try:
+        held = float(headers.get(wire.HELD_HEADER, "0"))
+    except ValueError:
+        return 0.0
+    return held if math.isfinite(held) and held > 0 else 0.0
 
 
 def revision_of(headers: Mapping[str, str], body: Any) -> str | None:

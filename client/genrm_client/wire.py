@@ -19,6 +19,10 @@ REVISION_HEADER = "x-genrm-revision"
 """The judge revision that answered, on every answer of the pool's gateway; without it (an engine
 reached directly) the client reads SGLang's ``weight_version`` in the answer's body."""
 
+HELD_HEADER = "x-genrm-held-seconds"
+"""On an answer the pool's activator forwarded: how long it held the request while the pool had no
+serving replica."""
+
 OVERLOAD_REASONS = frozenset({"holdQueueFull", "tooManyConnections"})
 """Retryable refusals that mean the pool is overloaded (not one replica leaving): a batch sends
 fewer at once after one, as after a ``429``."""

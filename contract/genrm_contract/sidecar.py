@@ -53,6 +53,10 @@ DRAINING_HEADER = "x-genrm-draining"
 REVISION_HEADER = "x-genrm-revision"
 """The replica's judge revision, on every answer of its gateway, refusals included: which judge gave a
 verdict, or which one refused it (the engine's ``weight_version`` says the same of a verdict)."""
+HELD_HEADER = "x-genrm-held-seconds"
+"""On an answer the activator forwarded: how long it held the request while the pool had no serving
+replica (seconds, to the millisecond; ``0.000`` when one was serving at once). A trainer adds these
+up to know what a step spent waiting for a pool at zero."""
 JUDGE_REVISION_FLAG = "--judge-revision"
 """The gateway's flag (env ``GENRM_JUDGE_REVISION``) with the value of `REVISION_HEADER`."""
 JUDGE_REVISION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"

@@ -46,6 +46,7 @@ import uvicorn
 from genrm_contract.activator import ROUTES_PATH, ActivatorState, PoolRoute, pool_key
 from genrm_contract.demand import DEMAND_PATH, DemandHint
 from genrm_contract.sidecar import (
+    HELD_HEADER,
     MAX_WAIT_SECONDS,
     PROPAGATION_SECONDS,
     STATE_PATH,
@@ -68,7 +69,9 @@ from genrm_gateway.stopping import StoppingServer
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
                          b"transfer-encoding", b"upgrade"})
 _NOT_FORWARDED = _HOP_BY_HOP | {b"host", b"content-length"}
-_NOT_RETURNED = _HOP_BY_HOP | {b"content-length"}
+HELD = HELD_HEADER.encode()
+_NOT_RETURNED = _HOP_BY_HOP | {b"content-length", HELD}
+"""A replica's own answer headers the client does not get: the hold time is the activator's to say."""
 ROUTE_BODY_BYTES = 64 * 1024
 FORWARD_TIMEOUT = httpx.Timeout(900.0, connect=5.0)
 """Connecting to a replica fails fast (another may take the request); its answer may take as long as a
@@ -254,15 +257,17 @@ class Activator:
         if pool is None:
             raise Refusal(503, RefusalReason.POOL_REMOVED, "the pool's route was removed while the body was read",
                           close=True)
+        arrived = time.monotonic()
         if not pool.serving.is_set() and not await self._hold(pool, receive):
             return  # the client left while held: nothing to forward, nothing to answer
+        held = (HELD, f"{time.monotonic() - arrived:.3f}".encode())
         if self._past_deadline.is_set():
             raise _stopped("the activator's stop deadline passed before a replica served")
         current = self._pools.get(key)
         if current is None or not current.route.targets:
             raise Refusal(503, RefusalReason.POOL_REMOVED, "the pool's route was removed while the request was held",
                           close=True)
-        await self._forward(current, scope, body, send)
+        await self._forward(current, scope, body, send, held)
 
     async def _hold(self, pool: _Pool, receive: Receive) -> bool:
         """Wait for a serving replica or the stop deadline, within the pool's bounds; False when the
@@ -291,9 +296,11 @@ class Activator:
         raise Refusal(503, RefusalReason.HOLD_TIMEOUT, f"no replica served within {route.hold_timeout_seconds:g}s",
                       close=True)
 
-    async def _forward(self, pool: _Pool, scope: Scope, body: bytes, send: Send) -> None:
+    async def _forward(self, pool: _Pool, scope: Scope, body: bytes, send: Send,
+                       held: tuple[bytes, bytes]) -> None:
         """Send the request to one serving replica (the next one after a refused connection) and
-        stream its answer back, closing the client's connection after it."""
+        stream its answer back, closing the client's connection after it, with ``held`` (how long
+        the request waited here: `HELD_HEADER`)."""
         assert self._http is not None
         listed = _connection_listed(scope["headers"])
         headers = [(k, v) for k, v in scope["headers"] if k not in _NOT_FORWARDED and k not in listed]
@@ -318,7 +325,7 @@ class Activator:
                 start = [(k, v) for k, v in answer.headers.raw
                          if k.lower() not in _NOT_RETURNED and k.lower() not in returned]
                 await send({"type": "http.response.start", "status": answer.status_code,
-                            "headers": [*start, CLOSE_HEADER]})
+                            "headers": [*start, held, CLOSE_HEADER]})
                 try:
                     async for chunk in answer.aiter_raw():
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})

@@ -89,6 +89,14 @@ def test_the_revision_header_wins_over_the_body() -> None:
     assert isinstance(verdict, Verdict) and verdict.revision == "7f9c"
 
 
+@pytest.mark.parametrize(("header", "held"), [("2.503", 2.503), ("0.000", 0.0), (None, 0.0), ("nan", 0.0),
+                                              ("-1", 0.0), ("inf", 0.0), ("soon", 0.0)])
+def test_the_activators_hold_time_is_read_and_a_bad_one_is_no_time(header: str | None, held: float) -> None:
+    headers = {} if header is None else {"x-genrm-held-seconds": header}
+    verdict, _, _ = drive([ok(CHAT, **headers)])
+    assert isinstance(verdict, Verdict) and verdict.held_s == held
+
+
 def test_a_batch_answered_by_two_revisions_is_mixed() -> None:
     body = [{"text": "1", "meta_info": {"weight_version": "a"}}, {"text": "2", "meta_info": {"weight_version": "b"}}]
     error, _, _ = drive([ok(body)], calls.generate(["x", "y"]))

@@ -39,7 +39,14 @@ def test_the_report_has_failures_by_type_retries_and_latency_percentiles() -> No
     report = step.report()
     assert report.p50_s == 0.5 and report.p99_s == 0.99
     assert report.errors == {"JudgeUnavailable": 1} and report.retries == {"unavailable": 2}
-    assert report.line() == "judge step=9 verdicts=100 unjudged=1 retries=2 p50=0.5s p99=0.99s rev=a"
+    assert report.line() == "judge step=9 verdicts=100 unjudged=1 retries=2 p50=0.5s p99=0.99s held=0s rev=a"
+
+
+def test_the_time_the_activator_held_the_steps_calls_adds_up() -> None:
+    step = Step(4)
+    for held in (0.0, 2.5, 2.25):
+        step.verdict(Verdict({}, "r", "a", held + 0.1, 1, {}, held))
+    assert step.report().held_s == 4.75 and " held=4.75s " in step.report().line()
 
 
 def test_percentiles_of_nothing_are_none() -> None:

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_clients_wire_constants_are_the_contracts() -> None:
     assert wire.REASON_HEADER == sidecar.REASON_HEADER
     assert wire.SHOULD_RETRY_HEADER == sidecar.SHOULD_RETRY_HEADER
+    assert wire.REVISION_HEADER == sidecar.REVISION_HEADER and wire.HELD_HEADER == sidecar.HELD_HEADER
     assert wire.OVERLOAD_REASONS == {str(reason) for reason in sidecar.OVERLOAD_REASONS}
     assert sidecar.OVERLOAD_REASONS <= set(sidecar.RETRYABLE_REASONS)
     assert wire.DEMAND_PATH == demand.DEMAND_PATH

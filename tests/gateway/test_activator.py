@@ -30,7 +30,7 @@ import pytest
 from conftest import gateway_stack
 from genrm_contract.activator import ROUTES_PATH
 from genrm_contract.demand import DEMAND_PATH
-from genrm_contract.sidecar import PROPAGATION_SECONDS
+from genrm_contract.sidecar import HELD_HEADER, PROPAGATION_SECONDS
 from genrm_gateway.activator import host_key
 from genrm_testing import CONTROL_TOKEN, RunningGateway, run_activator
 from genrm_testing.waiting import wait_for
@@ -88,13 +88,17 @@ def test_held_requests_are_reported_then_forwarded_to_the_first_replica_and_all_
             time.sleep(0.05)
         assert state(act)["held"] == {"rl/judge": 8}
         assert woke["held"], "the first held request wakes a long poll (the operator acts at once)"
+        time.sleep(0.2)  # every request held at least this long
         route(act, [f"127.0.0.1:{stack.port}"])
         sender.join()
         assert all(isinstance(r, httpx.Response) and r.status_code == 200 for r in results), results
-        assert all(r.headers["connection"] == "close" for r in results if isinstance(r, httpx.Response))
+        answers = [r for r in results if isinstance(r, httpx.Response)]
+        assert all(r.headers["connection"] == "close" for r in answers)
+        assert all(0.2 <= float(r.headers[HELD_HEADER]) < 30 for r in answers), "each says how long it was held"
         assert state(act)["held"] == {}
         direct = httpx.post(f"{act.url}/generate", json={"text": "now"}, headers={"host": HOST})
         assert direct.status_code == 200, "with a replica serving, nothing waits"
+        assert direct.headers.get_list(HELD_HEADER) == ["0.000"]
 
 
 def test_the_hold_queue_and_the_hold_time_are_bounded_with_a_retryable_503() -> None:
