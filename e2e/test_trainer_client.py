@@ -52,6 +52,7 @@ from typing import Any
 
 import httpx
 from genrm_client import AsyncJudgeClient, JudgeError
+from genrm_operator.core.names import JUDGE_REVISION_LABEL
 from genrm_sim.answers import AnswerKey, SamplingParams, judge_answer
 
 from .harness import TALLY, Cluster, OperatorProcess, pool_manifest, served_model, wait_for
@@ -104,6 +105,10 @@ class Outcome:
     retries: dict[str, int] = field(default_factory=dict)
     unexpected: str | None = None
     """Why this outcome breaks the client's promise (a number that is not the verdict, an untyped error)."""
+    revision: str | None = None
+    """The judge revision the verdict named (the client's reading of ``x-genrm-revision``)."""
+    held_s: float = 0.0
+    """How long the activator held the call while the pool was at zero (``x-genrm-held-seconds``)."""
 
 
 @dataclass
@@ -238,7 +243,7 @@ class Load:
         if verdict.text != want or reward is None:
             unexpected = f"verdict {verdict.text!r} for {prompt!r}, the simulator answers {want!r}"
         return Outcome("client", started, ended, reward=reward, retries=dict(verdict.retries),
-                       unexpected=unexpected)
+                       unexpected=unexpected, revision=verdict.revision, held_s=verdict.held_s)
 
     async def _verl_like(self, router: httpx.AsyncClient) -> Outcome:
         """verl's reward-loop router in front of the pool, and a reward read from its chat answer."""
@@ -345,6 +350,7 @@ def test_trainer_client_across_every_change_and_verl_like_beside_it(
         POOL, namespace, replicas=1, gateway={"limits": {"maxConnections": MAX_CONNECTIONS}}))
     pool = cluster.wait_serving(namespace, POOL, 1)
     url, model = cluster.service_answering(namespace, POOL), served_model(pool)
+    [judge_revision] = {p["metadata"]["labels"][JUDGE_REVISION_LABEL] for p in cluster.pods(namespace, POOL)}
     marks: list[tuple[str, float, float]] = []
     crash: Crash | None = None
 
@@ -405,12 +411,15 @@ def test_trainer_client_across_every_change_and_verl_like_beside_it(
     verl_failed = [o for o in verl if o.error]
     verl_causes = Counter(o.error.split(":")[0] for o in verl_failed if o.error)
     verdicts = sum(1 for o in client if o.reward is not None)
+    held = [o.held_s for o in client if o.held_s > 0]
+    revisions = Counter(o.revision for o in client if o.reward is not None)
     TALLY.trainer_client = (
         f"trainer-client-e2e: verdicts={verdicts} retries={sum(retries.values())} typed_errors={len(typed)} "
         f"unexpected={len(unexpected) + len(wire)} verl_like_failures={len(verl_failed)} "
         f"verl_like_requests={len(verl)} at_crash={len(at_crash)} "
         f"retry_causes={','.join(f'{c}:{n}' for c, n in sorted(retries.items())) or '-'} "
         f"verl_like_causes={','.join(f'{c}:{n}' for c, n in sorted(verl_causes.items())) or '-'} "
+        f"held_calls={len(held)} held_max_s={max(held, default=0.0):.2f} revisions={len(revisions)} "
         f"seconds={time.monotonic() - began:.0f}")
     print(f"\n{TALLY.trainer_client}", flush=True)
     by_scenario: dict[str, Counter[str]] = {}
@@ -423,6 +432,7 @@ def test_trainer_client_across_every_change_and_verl_like_beside_it(
               f"client retries {','.join(f'{c}:{n}' for c, n in sorted(by_scenario[name].items())) or '0'}",
               flush=True)
     burst = next((start, end) for name, start, end in marks if name == "overload-burst")
+    waking = next((start, end) for name, start, end in marks if name == "scale-to-zero-and-back")
     overloaded_elsewhere = [o for o in client if o.retries.get("overload") and not burst[0] <= o.ended <= burst[1]]
     assert not unexpected, "\n".join(str(u) for u in unexpected[:50])
     assert not wire, "\n".join(wire[:50])
@@ -431,3 +441,8 @@ def test_trainer_client_across_every_change_and_verl_like_beside_it(
     assert len(at_crash) <= WORKERS, "more calls failed at the crash than the client had in flight"
     assert by_scenario["overload-burst"]["overload"] >= 1, f"no overload retry in the burst: {by_scenario}"
     assert not overloaded_elsewhere, f"overload retries outside the burst: {overloaded_elsewhere[:10]}"
+    # A rollout of what does not change answers (the engine's env) keeps the judge revision: every
+    # verdict of the run names the one the pods carry.
+    assert set(revisions) == {judge_revision}, revisions
+    assert held and all(waking[0] <= o.ended <= waking[1] for o in client if o.held_s > 0), \
+        "only the calls the activator held while the pool woke say they were held"

@@ -50,17 +50,3 @@ def test_counts_alone_wait_for_the_operations_next_write_up_to_the_report_delay(
     assert not d.write and d.unwritten_since == 100.0
     later = deliver(before, Plan(status=counted), d.unwritten_since, 100.0 + REPORT_DELAY_SECONDS)
     assert later.write and later.unwritten_since is None
-
-
-def test_a_create_seen_is_counted_and_waits_but_a_failure_noted_is_written_at_once() -> None:
-    op = Operation.model_validate({"id": "op-1", "type": "ScaleOut", "from": 2, "to": 3, "phase": "Provisioning",
-                                   "startedAt": "2026-01-01T00:00:00Z", "lastTransitionTime": "2026-01-01T00:00:00Z",
-                                   "addedPods": [{"name": "judge-2", "ordinal": 2}]})
-    before = BEFORE.evolve(operation=op)
-    seen = before.evolve(operation=op.evolve(added_pods=[op.added_pods[0].evolve(observed=True)]))
-    d = deliver(before, Plan(status=seen.evolve(replicas=3)), None, 100.0)
-    assert not d.write and d.unwritten_since == 100.0, "the index shows it at every step: nothing to record"
-    failed = op.evolve(added_pods=[op.added_pods[0].evolve(observed=True, failure="CrashLoop")])
-    noted = deliver(before, Plan(status=before.evolve(operation=failed), actions=(DeletePod("judge-2", "u2"),)),
-                    None, 100.0)
-    assert noted.write and noted.after == (DeletePod("judge-2", "u2"),), "the note outlives the pod it retires"

@@ -257,6 +257,16 @@ def test_a_never_served_replica_on_another_product_is_replaced_before_it_is_veri
                              "the product of judge-0's node")
 
 
+def test_a_misplaced_replica_deleted_while_the_index_lags_is_never_created_again() -> None:
+    """Retiring a replica that landed on another product records nothing new; the step after, the
+    index lags and still shows it. Its name must not come back once it is gone (the world checks
+    every create against the names the core deleted): the create having been seen is part of the
+    record. A review's random sweep found this sequence."""
+    world = World(spec=make_spec(3), nodes=dict(NODES))
+    for events, dt in (((), 3.0), ((), 0.2), ((Ev("lag"),), 0.2), ((), 1.0), ((), 1.0), ((), 3.0)):
+        world.step(events, dt=dt)  # raises on a create of a deleted name
+
+
 def test_a_verification_names_both_replicas_nodes_and_gpu_products() -> None:
     first = reconcile(observe(make_spec(2), [serving("judge-0", "gpu-a")]))
     warm = PodView("judge-1", "uid-judge-1", NOW - 5, phase="Running", ready=True, node="gpu-b")

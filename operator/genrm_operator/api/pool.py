@@ -125,21 +125,6 @@ class GenRMPoolStatus(ApiModel):
     def decisions(self) -> tuple[object, ...]:
         """What the operator decided, as opposed to what it counted: the operation (victims, creates,
         phase), ordinals, history, revisions and the autoscaler's memory. Acting on a decision needs
-        it written first (a crash must find it); counts and conditions only report what was seen.
-
-        That a create has been seen (`AddedPod.observed`) is counted, not decided: every step marks it
-        again from the pod index, and until it is written a pod the index still shows is not retried,
-        so the mark rides the operation's next write. Written on its own it was one status write per
-        scale-out, sent a few hundred milliseconds after the create, while the other pools of a storm
-        still waited for theirs (docs/performance.md, the tenth round)."""
-        return (_as_decided(self.operation), self.next_ordinal, self.operation_count, self.history,
-                self.current_revision, self.update_revision, self.autoscaler)
-
-
-def _as_decided(operation: Operation | None) -> Operation | None:
-    """``operation`` with every create marked unseen (see `GenRMPoolStatus.decisions`): a comparison
-    key, never written."""
-    if operation is None or not any(a.observed for a in operation.added_pods):
-        return operation
-    return operation.model_copy(update={"added_pods": [a.model_copy(update={"observed": False})
-                                                       for a in operation.added_pods]})
+        it written first (a crash must find it); counts and conditions only report what was seen."""
+        return (self.operation, self.next_ordinal, self.operation_count, self.history, self.current_revision,
+                self.update_revision, self.autoscaler)
