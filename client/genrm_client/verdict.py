@@ -38,7 +38,11 @@ class Verdict:
         body = self.body
         if isinstance(body, dict):
             if "choices" in body:
-                return str(body["choices"][0]["message"]["content"] or "")
+                try:
+                    content = body["choices"][0]["message"]["content"]
+                except (IndexError, KeyError, TypeError):
+                    raise BadAnswer(f"the answer's choices hold no message (request {self.request_id})") from None
+                return "" if content is None else str(content)
             if "text" in body:
                 return str(body["text"])
         raise BadAnswer(f"the answer has no single text (request {self.request_id})")

@@ -70,8 +70,9 @@ _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"te
                          b"transfer-encoding", b"upgrade"})
 _NOT_FORWARDED = _HOP_BY_HOP | {b"host", b"content-length"}
 HELD = HELD_HEADER.encode()
-_NOT_RETURNED = _HOP_BY_HOP | {b"content-length", HELD}
-"""A replica's own answer headers the client does not get: the hold time is the activator's to say."""
+_NOT_RETURNED = _HOP_BY_HOP | {b"content-length", b"date", b"server", HELD}
+"""A replica's own answer headers the client does not get: the activator's server sends its own date,
+and the hold time is the activator's to say."""
 ROUTE_BODY_BYTES = 64 * 1024
 FORWARD_TIMEOUT = httpx.Timeout(900.0, connect=5.0)
 """Connecting to a replica fails fast (another may take the request); its answer may take as long as a

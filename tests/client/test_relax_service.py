@@ -124,3 +124,80 @@ def test_a_weight_version_unfit_for_a_header_never_reaches_relaxs_answer_head() 
                                 timeout=30)
             assert answer.status_code == 200 and answer.json()["response"]
             assert "x-injected" not in answer.headers and REVISION_HEADER not in answer.headers
+
+
+POOL_ODDITIES = {
+    "no choices": httpx.Response(200, json={"choices": []}),
+    "null content": httpx.Response(200, json={"choices": [{"message": {"content": None}, "finish_reason": "length"}]}),
+    "an error shaped 200": httpx.Response(200, json={"object": "error", "message": "boom"}),
+    "a status HTTP does not name": httpx.Response(499, text="client closed"),
+}
+
+
+@pytest.mark.parametrize("oddity", sorted(POOL_ODDITIES))
+def test_a_pool_answer_without_a_verdict_is_an_error_status_never_an_empty_response(oddity: str) -> None:
+    """What a pool (or a proxy in front of it) might answer that holds nothing to score."""
+    def pool_answer(request: httpx.Request) -> httpx.Response:
+        return POOL_ODDITIES[oddity]
+    config = PoolConfig("http://pool.invalid", policy=RetryPolicy(deadline_s=1.0))
+    with JudgeClient(config, http_transport=httpx.MockTransport(pool_answer)) as judge:
+        for url in serving(judge):
+            answer = httpx.post(f"{url}/generate", json={"messages": MESSAGES}, timeout=30)
+            assert answer.status_code >= 400 and "response" not in answer.json(), (answer.status_code, answer.text)
+
+
+@pytest.mark.parametrize("body", [
+    b'{"messages": [{"role": "user", "content": "x"}], "sampling_params": {"temperature": NaN}}',
+    b'{"messages": [{"role": "user", "content": "x"}], "sampling_params": {"temperature": 1e999}}',
+    b'{"messages": [{"role": "user", "content": "x"}], "sampling_params": {"top_k": ' + b"1" * 5000 + b"}}",
+    b'{"messages": ' + b"[" * 100_000 + b"}",
+    b'{"messages": [{"role": "user", "content": "x"}], "sampling_params": []}',
+    b'{"messages": [{"role": "user", "content": "x"}], "sampling_params": 0}',
+], ids=["nan", "infinite", "5000 digits", "deep nesting", "a list of parameters", "a number of parameters"])
+def test_json_no_judge_call_can_carry_is_a_400_and_the_connection_answers(relax_url: str, body: bytes) -> None:
+    answer = httpx.post(f"{relax_url}/generate", content=body, headers={"content-type": "application/json"},
+                        timeout=30)
+    assert answer.status_code == 400, answer.text
+
+
+def test_a_request_hidden_in_an_unread_body_is_never_run(relax_url: str) -> None:
+    """A body this service does not read ends the connection: it is never read as the next request."""
+    port = int(relax_url.rsplit(":", 1)[1])
+    before = httpx.get(f"{relax_url}/metrics", timeout=30).json()["verdicts"]
+    inner = b'{"messages": [{"role": "user", "content": "smuggled"}]}'
+    hidden = b"POST /generate HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s" % (len(inner), inner)
+    for outer in (b"POST /other", b"GET /health", b"GET /metrics"):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(outer + b" HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s" % (len(hidden), hidden))
+            received = b""
+            while chunk := sock.recv(65536):
+                received += chunk
+        assert received.count(b"HTTP/1.1 ") == 1, (outer, received)
+    assert httpx.get(f"{relax_url}/metrics", timeout=30).json()["verdicts"] == before
+
+
+def test_the_pools_key_comes_from_the_environment_with_the_pool_given_on_the_command_line(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from genrm_client.adapters import relax
+    seen: list[PoolConfig] = []
+
+    class Recorded(relax.JudgeClient):
+        def __init__(self, config: PoolConfig) -> None:
+            seen.append(config)
+            raise SystemExit(0)
+    monkeypatch.setenv("GENRM_API_KEY", "sekret")
+    monkeypatch.setenv("GENRM_MODEL", "judge")
+    monkeypatch.setattr(relax, "JudgeClient", Recorded)
+    with pytest.raises(SystemExit):
+        relax.main(["--pool", "http://judge.rl.svc:8000/"])
+    assert (seen[0].url, seen[0].api_key, seen[0].model) == ("http://judge.rl.svc:8000", "sekret", "judge")
+    assert relax.PoolGenRMClient("http://judge.rl.svc:8000")._config.api_key == "sekret"
+
+
+def test_it_listens_beyond_loopback_only_when_told_to() -> None:
+    """It sends the pool's key for whoever reaches it: an exposed address is a choice, said out loud."""
+    from genrm_client.adapters import relax
+    with pytest.raises(SystemExit) as refused:
+        relax.main(["--pool", "http://judge.rl.svc:8000", "--host", "0.0.0.0"])
+    assert refused.value.code == 2
+

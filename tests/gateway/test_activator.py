@@ -99,6 +99,7 @@ def test_held_requests_are_reported_then_forwarded_to_the_first_replica_and_all_
         direct = httpx.post(f"{act.url}/generate", json={"text": "now"}, headers={"host": HOST})
         assert direct.status_code == 200, "with a replica serving, nothing waits"
         assert direct.headers.get_list(HELD_HEADER) == ["0.000"]
+        assert len(direct.headers.get_list("date")) == 1, "the activator's date, not the replica's beside it"
 
 
 def test_the_hold_queue_and_the_hold_time_are_bounded_with_a_retryable_503() -> None:

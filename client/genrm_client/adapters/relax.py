@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import threading
 from collections.abc import Mapping, Sequence
@@ -37,7 +38,7 @@ from genrm_client import wire
 from genrm_client.adapters.slime import batched_rm, rm
 from genrm_client.aio import AsyncJudgeClient
 from genrm_client.calls import chat
-from genrm_client.config import PoolConfig
+from genrm_client.config import URL_ENV, PoolConfig
 from genrm_client.errors import BadAnswer, EngineFailed, JudgeError, JudgeTimeout, JudgeUnavailable, Refused
 from genrm_client.retry import RetryPolicy
 from genrm_client.sync import JudgeClient
@@ -52,7 +53,7 @@ class PoolGenRMClient:
     """Relax's ``GenRMClient`` methods, served by the pool."""
 
     def __init__(self, service_url: str | None = None, timeout: float = 1800.0) -> None:
-        config = PoolConfig.from_env() if service_url is None else PoolConfig(service_url.rstrip("/"))
+        config = PoolConfig.from_env(os.environ if service_url is None else {**os.environ, URL_ENV: service_url})
         self._config = PoolConfig(config.url, config.api_key, config.model, RetryPolicy(deadline_s=timeout))
         self._clients: WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncJudgeClient] = WeakKeyDictionary()
 
@@ -122,19 +123,26 @@ def relax_request(body: bytes) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     (``{"messages": [...], "sampling_params": {...}}``), or `RelaxError` (400): unknown sampling
     keys are refused rather than dropped, so no request is judged otherwise than its sender asked."""
     try:
-        document = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RelaxError(400, f"the body is not JSON: {exc}") from exc
+        document = json.loads(body, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:  # not UTF-8 or not JSON, NaN, a 5,000-digit number, nesting
+        raise RelaxError(400, f"the body is not JSON a judge call can carry: {type(exc).__name__}") from exc
     if not isinstance(document, dict) or set(document) - {"messages", "sampling_params"}:
         raise RelaxError(400, 'a JSON object of "messages" and, optionally, "sampling_params" is expected')
     messages = document.get("messages")
     if not isinstance(messages, list) or not messages or not all(
             isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
         raise RelaxError(400, '"messages" must be a non-empty list of objects, each with a "role"')
-    sampling = document.get("sampling_params") or {}
+    sampling = document.get("sampling_params", {})
+    if sampling is None:
+        sampling = {}
     if not isinstance(sampling, dict) or set(sampling) - set(_SAMPLING):
         raise RelaxError(400, f'"sampling_params" may hold only {sorted(_SAMPLING)}')
     return messages, {_SAMPLING[k]: v for k, v in sampling.items()}
+
+
+def _no_constant(name: str) -> None:
+    """``NaN`` and ``Infinity`` are not JSON, and no sampling parameter can be one."""
+    raise ValueError(f"{name} is not a JSON number")
 
 
 _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
@@ -152,8 +160,8 @@ class _RelaxHandler(BaseHTTPRequestHandler):
     server: RelaxService
 
     def do_POST(self) -> None:
-        if self.path != "/generate":
-            self._answer(404, {"error": f"no route {self.path!r}: Relax posts /generate"})
+        if self.path != "/generate":  # its body is not read: the connection ends with the answer
+            self._answer(404, {"error": f"no route {self.path!r}: Relax posts /generate"}, close=True)
             return
         try:
             messages, params = relax_request(self._body())
@@ -162,17 +170,25 @@ class _RelaxHandler(BaseHTTPRequestHandler):
             return
         try:
             verdict = self.server.judge.chat(messages, **params)
-        except JudgeError as exc:
+            response = verdict.text
+            if not response:  # nothing to score (a chat answer whose content is null): not a verdict
+                raise BadAnswer(f"the judge's answer has no text (request {verdict.request_id})")
+        except (JudgeError, ValueError) as exc:  # ValueError: parameters the client cannot send
             self.server.count("errors")
-            self._answer(relax_status(exc), {"error": str(exc), "type": type(exc).__name__, "reason": exc.reason})
+            status = relax_status(exc) if isinstance(exc, JudgeError) else 400
+            self._answer(status, {"error": str(exc), "type": type(exc).__name__,
+                                  "reason": getattr(exc, "reason", None)})
             return
         self.server.count("verdicts")
         self.server.count("retries", sum(verdict.retries.values()))
         revision = verdict.revision if verdict.revision and _TOKEN.fullmatch(verdict.revision) else None
         headers = {wire.REVISION_HEADER: revision} if revision else {}
-        self._answer(200, {"response": verdict.text, "revision": verdict.revision}, headers)
+        self._answer(200, {"response": response, "revision": revision}, headers)
 
     def do_GET(self) -> None:
+        if self.headers.get("content-length") not in (None, "0") or self.headers.get("transfer-encoding"):
+            self._answer(400, {"error": "a GET carries no body"}, close=True)
+            return
         if self.path == "/health":
             healthy, detail = self.server.pool_answers()
             self._answer(200 if healthy else 503, {"status": "healthy" if healthy else "unhealthy", **detail})
@@ -195,7 +211,7 @@ class _RelaxHandler(BaseHTTPRequestHandler):
     def _answer(self, status: int, document: Mapping[str, Any], headers: Mapping[str, str] | None = None,
                 close: bool = False) -> None:
         body = json.dumps(document).encode()
-        self.send_response(status, HTTPStatus(status).phrase)
+        self.send_response(status, _phrase(status))
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(body)))
         for name, value in (headers or {}).items():
@@ -208,6 +224,14 @@ class _RelaxHandler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         """Quiet: a judge step is thousands of calls; failures are counted in ``/metrics``."""
+
+
+def _phrase(status: int) -> str:
+    """The reason phrase of ``status`` ('' for a code HTTP does not name, such as nginx's 499)."""
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return ""
 
 
 class RelaxService(ThreadingHTTPServer):
@@ -249,8 +273,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="listen address (loopback by default: it is the "
                                                               "trainer's own helper, with no authentication)")
     parser.add_argument("--port", type=int, default=8089)
+    parser.add_argument("--expose", action="store_true",
+                        help="listen on a non-loopback --host: anyone who reaches it judges with the pool's key")
     args = parser.parse_args(argv)
-    config = PoolConfig.from_env() if args.pool is None else PoolConfig(args.pool.rstrip("/"))
+    if not args.expose and args.host not in ("localhost", "::1") and not args.host.startswith("127."):
+        parser.error(f"--host {args.host} is not loopback: the service has no authentication of its own and "
+                     "sends the pool's key; add --expose to mean it")
+    config = PoolConfig.from_env(os.environ if args.pool is None else {**os.environ, URL_ENV: args.pool})
     with JudgeClient(config) as judge, RelaxService((args.host, args.port), judge) as service:
         print(f"Relax GenRM service for {config.url} on http://{args.host}:{service.server_address[1]}", flush=True)
         service.serve_forever()

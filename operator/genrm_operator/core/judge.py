@@ -23,9 +23,11 @@ JUDGE_REVISION_LENGTH = 10
 
 def judge_fields(spec: GenRMPoolSpec) -> dict[str, object]:
     """What a replica answers depends on, and nothing else (see the module's docstring)."""
-    engine = spec.engine
+    engine, model = spec.engine, spec.model
+    # Named one by one, not dumped: a field added later with a default must not change every pool's
+    # revision on an operator upgrade.
     return {
-        "model": spec.model.model_dump(mode="json", by_alias=True, exclude_none=True),
+        "model": {"path": model.path, "servedName": model.served_name, "revision": model.revision},
         "engine": {"image": engine.image, "command": engine.command, "args": engine.args,
                    "extraArgs": engine.extra_args, "seed": engine.seed, "deterministic": engine.deterministic,
                    "tensorParallelSize": engine.tensor_parallel_size},
