@@ -137,7 +137,7 @@ class PlainClients(Senders):
                         messages=[{"role": "user", "content": self._prompt("openai")}])
                     failure = None
                 except openai.OpenAIError as exc:
-                    failure = f"{type(exc).__name__}: {exc}"
+                    failure = openai_failure(exc)
                 self._record("openai", started, failure)
 
     def _openai_async(self) -> None:
@@ -152,7 +152,7 @@ class PlainClients(Senders):
                                                     temperature=0, prompt=self._prompt("openai-async"))
                     failure = None
                 except openai.OpenAIError as exc:
-                    failure = f"{type(exc).__name__}: {exc}"
+                    failure = openai_failure(exc)
                 self._record("openai-async", started, failure)
 
     def _httpx(self) -> None:
@@ -191,6 +191,15 @@ def requests_generate(session: requests.Session, base_url: str, body: dict[str, 
     except requests.RequestException as exc:
         return f"{type(exc).__name__}: {exc}", ""
     return _status_failure(response.status_code, response.headers, response.text), response.text
+
+
+def openai_failure(exc: openai.OpenAIError) -> str:
+    """An openai client's failure, in the other clients' words when the pool answered (``HTTP 502
+    (engineDisconnected): ...``), so a loss is attributed by the pool's reason whichever client met it:
+    the client obeys ``x-should-retry``, so a refusal marked not retryable reaches it as an error."""
+    if isinstance(exc, openai.APIStatusError):
+        return f"{type(exc).__name__}: {_status_failure(exc.status_code, exc.response.headers, exc.response.text)}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _status_failure(code: int, headers: Mapping[str, str], body: str) -> str | None:
