@@ -213,10 +213,20 @@ OVERLOAD_REASONS = frozenset({RefusalReason.HOLD_QUEUE_FULL, RefusalReason.TOO_M
 leaving: a client sending batches sends fewer at once after one (as after a ``429``)."""
 
 
+UNMARKED_REASONS = frozenset({RefusalReason.ENGINE_DISCONNECTED})
+"""Answers that carry no retry marker: an engine that died under the request. Nothing was refused, and
+a judge has no side effects, so the client's own policy decides: the unmodified ``openai`` client
+sends it again as it does any 5xx (what keeps its requests whole through an engine crash), while
+``genrm-client``, which retries only what the pool marks, names it ``EngineFailed``."""
+
+
 def retry_headers(reason: RefusalReason) -> tuple[tuple[str, str], ...]:
     """What a refusal for ``reason`` says about retrying it: the :data:`SHOULD_RETRY_HEADER` marker,
-    and ``Retry-After`` when it is retryable. Every refusal of the gateway and the activator carries
-    these, decided here once, so no refusal can be marked otherwise than its reason."""
+    and ``Retry-After`` when it is retryable (nothing for `UNMARKED_REASONS`). Every refusal of the
+    gateway and the activator carries these, decided here once, so no refusal can be marked otherwise
+    than its reason."""
+    if reason in UNMARKED_REASONS:
+        return ()
     seconds = RETRYABLE_REASONS.get(reason)
     if seconds is None:
         return ((SHOULD_RETRY_HEADER, "false"),)

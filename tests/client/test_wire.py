@@ -33,6 +33,8 @@ def test_every_refusal_says_whether_to_retry_and_a_retryable_one_when() -> None:
         headers = dict(sidecar.retry_headers(reason))
         if reason in sidecar.RETRYABLE_REASONS:
             assert headers == {"x-should-retry": "true", "retry-after": str(sidecar.RETRYABLE_REASONS[reason])}
+        elif reason in sidecar.UNMARKED_REASONS:
+            assert headers == {}, reason
         else:
             assert headers == {"x-should-retry": "false"}, reason
     assert sidecar.RETRYABLE_REASONS[sidecar.RefusalReason.HOLD_TIMEOUT] == 5
