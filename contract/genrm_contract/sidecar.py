@@ -207,7 +207,8 @@ Each comes before any engine work (nothing was judged), and another replica, or 
 moment later, can answer: a second is kube-proxy's margin to send the retry elsewhere; a pool that
 held a request for its whole hold timeout is still starting, so its clients wait longer. Every other
 refusal is final for that request: a malformed or unauthenticated request stays so, and an engine
-or peer that broke under a request (``engineDisconnected``, ``peerFailed``, ...) may have judged it."""
+or peer that broke under a request otherwise (``engineError``, ``peerFailed``, ...) may have judged it;
+an engine that died under it leaves the choice to the client (`UNMARKED_REASONS`)."""
 OVERLOAD_REASONS = frozenset({RefusalReason.HOLD_QUEUE_FULL, RefusalReason.TOO_MANY_CONNECTIONS})
 """The retryable refusals that say the pool has more than it can take, not that one replica is
 leaving: a client sending batches sends fewer at once after one (as after a ``429``)."""

@@ -174,7 +174,7 @@ def serve(args: argparse.Namespace) -> None:
         engine_api_key=api_key,
         peers_valid_seconds=args.peers_valid_seconds,
         loopback_peers=args.loopback_peers,
-        judge_revision=_judge_revision(args.judge_revision),
+        judge_revision=args.judge_revision,  # checked by the flag's type, the environment's value included
     )
     gateway = Gateway(config)
     sockets = [_listen(config.host, config.port), _listen(config.host, config.control_port)]
