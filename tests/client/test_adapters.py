@@ -38,7 +38,7 @@ class Judge:
         if "Response:" in content:  # the adapters' prompt: judge the response alone
             content = content.split("Response:", 1)[1].split("Reference answer:", 1)[0]
         if "crash" in content:
-            return httpx.Response(502, headers={"x-genrm-reason": "engineDisconnected", "x-should-retry": "false"})
+            return httpx.Response(502, headers={"x-genrm-reason": "engineDisconnected"})
         text = "I cannot say" if "mumble" in content else ("Score: 8" if "42" in content else "Score: 2")
         return httpx.Response(200, json={"choices": [{"message": {"content": text}}],
                                          "metadata": {"weight_version": "default"}})

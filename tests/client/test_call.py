@@ -67,8 +67,8 @@ def test_an_overload_retry_says_so_when_it_waits() -> None:
 
 
 def test_a_failure_is_an_error_with_the_calls_history_never_a_number() -> None:
-    error, sends, _ = drive([DRAINING, Answer(502, {"x-genrm-reason": "engineDisconnected",
-                                                    "x-should-retry": "false"}, b'{"error": {"message": "died"}}')])
+    error, sends, _ = drive([DRAINING, Answer(502, {"x-genrm-reason": "engineDisconnected"},
+                                                    b'{"error": {"message": "died"}}')])
     assert isinstance(error, EngineFailed) and error.status == 502 and error.reason == "engineDisconnected"
     assert error.request_id == sends[0].request.id and error.attempts == 2 and error.retries == {"unavailable": 1}
     assert "died" in str(error) and sends[0].request.id in str(error)

@@ -95,7 +95,7 @@ def test_a_batch_keeps_order_and_puts_unjudged_where_a_call_failed() -> None:
     def judge(request: httpx.Request) -> httpx.Response:
         text = json.loads(request.content)["text"]
         if text == "crash":
-            return httpx.Response(502, headers={"x-genrm-reason": "engineDisconnected", "x-should-retry": "false"},
+            return httpx.Response(502, headers={"x-genrm-reason": "engineDisconnected"},
                                   json={"error": {"message": "engine died"}})
         return answer(text.upper())
 
