@@ -4,6 +4,8 @@
 # Every image installs the project with the same pinned set CI tests with (constraints.txt), from one
 # wheel built once, into a virtualenv that is copied whole: one small layer, no compiler, no pip cache.
 
+# The base of the operator, gateway and simulator images: any Debian-like image whose python3 is 3.11
+# with venv (hack/images.sh makes one with debootstrap where this one cannot be pulled).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 # The engine image adds the gateway package to SGLang, of the release the simulator and the tests
 # follow (engine/genrm_sim/sglang_contract.json; tests/contract checks the tag).
@@ -11,14 +13,17 @@ ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.23
 
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# The CA bundle of a TLS-intercepting proxy, mounted by the builder for this stage's pip only (hack/images.sh).
+ARG PIP_CERT
 WORKDIR /src
 COPY pyproject.toml constraints.txt README.md ./
 COPY operator/ operator/
 COPY gateway/ gateway/
 COPY contract/ contract/
 COPY engine/ engine/
-RUN pip wheel --no-deps --wheel-dir /wheels . \
- && python -m venv /opt/genrm \
+# python3 and the virtualenv's own pip: a Debian base has neither `python` nor a system pip.
+RUN python3 -m venv /opt/genrm \
+ && /opt/genrm/bin/pip wheel --no-deps --wheel-dir /wheels . \
  && /opt/genrm/bin/pip install -c constraints.txt /wheels/*.whl
 
 FROM ${PYTHON_IMAGE} AS runtime

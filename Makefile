@@ -112,9 +112,10 @@ bench-operator: venv tools control-plane
 	GENRM_BIN_DIR="$$(hack/control-plane.sh)" $(PY) -m bench.operator_storm $(if $(SIZES),--sizes $(SIZES)) \
 	  $(if $(filter hollow,$(MODE)),--hollow) $(if $(filter real,$(MODE)),--real)
 
+## images: the operator, gateway and simulator images from the Dockerfile: with Docker where its engine
+## runs (and then the engine image too), else with buildah on a local Debian base (docs/development.md#images)
 images:
-	@command -v docker >/dev/null || { echo "make images needs a Docker engine"; exit 1; }
-	for t in operator gateway sim engine; do docker build --target $$t -t genrm/$$t:$(VERSION) . || exit 1; done
+	hack/images.sh
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
