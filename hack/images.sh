@@ -200,6 +200,7 @@ local_base() {
 }
 
 base="${GENRM_BASE:-auto}"
+start=$SECONDS
 case "$base" in
   local) base="$(local_base)" ;;
   auto)
@@ -208,7 +209,7 @@ case "$base" in
     elif timeout 120 "${B[@]}" pull --quiet "$DEFAULT_BASE" >/dev/null 2>&1; then
       log "pulled $DEFAULT_BASE"; base="$DEFAULT_BASE"
     else
-      log "cannot pull $DEFAULT_BASE: using a local Debian $SUITE base"
+      log "cannot pull $DEFAULT_BASE ($((SECONDS - start))s): using a local Debian $SUITE base"
       base="$(local_base)"
     fi ;;
 esac
@@ -222,19 +223,43 @@ if [[ -n "$ca" && -f "$ca" ]]; then
   ca_args=(--volume "$ca:/run/genrm-build-ca.pem:ro" --build-arg PIP_CERT=/run/genrm-build-ca.pem)
 fi
 
+# The build's inputs: the Dockerfile, the base image, and every file the build context lets in (the
+# `!` lines of .dockerignore). With vfs even a fully cached build copies each stage's whole root
+# filesystem (minutes), so an image built from the same inputs, still in the store and exported, is
+# not built again (the hash and the image ID are kept beside the archive).
+inputs="$(
+  cd "$REPO"
+  mapfile -t roots < <(sed -n 's/^!\(.*\)/\1/p' .dockerignore)
+  {
+    echo "base $("${B[@]}" inspect --type image --format '{{.FromImageID}}' "$base")"
+    sha256sum Dockerfile .dockerignore
+    find "${roots[@]}" -type f ! -path '*/__pycache__/*' ! -name '*.pyc' ! -path '*.egg-info/*' -print0 \
+      | sort -z | xargs -0 sha256sum
+  } | sha256sum | cut -c1-16
+)"
+
 for t in "${targets[@]}"; do
+  image="genrm/$t:$VERSION"
+  archive="$IMAGES_DIR/genrm-$t-$VERSION.oci.tar"
+  stamp="$archive.inputs"
+  id="$("${B[@]}" inspect --type image --format '{{.FromImageID}}' "$image" 2>/dev/null || true)"
+  if [[ -n "$id" && -f "$archive" && -f "$stamp" && "$(cat "$stamp")" == "$inputs $id" ]]; then
+    log "reuse $image (inputs $inputs unchanged)"; continue
+  fi
+  rm -f "$stamp"
   log "buildah bud --target $t"
   start=$SECONDS
   "${B[@]}" bud --isolation chroot --layers --pull=never --target "$t" --build-arg "PYTHON_IMAGE=$base" \
-    "${ca_args[@]}" -t "genrm/$t:$VERSION" -f "$REPO/Dockerfile" "$REPO" >&2
-  log "built genrm/$t:$VERSION in $((SECONDS - start))s"
+    "${ca_args[@]}" -t "$image" -f "$REPO/Dockerfile" "$REPO" >&2
+  rm -f "$archive"
+  "${B[@]}" push --quiet --compression-format gzip "$image" "oci-archive:$archive:$VERSION" >/dev/null
+  echo "$inputs $("${B[@]}" inspect --type image --format '{{.FromImageID}}' "$image")" >"$stamp"
+  log "built $image in $((SECONDS - start))s"
 done
 
 printf '%-28s %-10s %-10s %s\n' IMAGE SIZE ARCHIVE "OCI ARCHIVE"
 for t in "${targets[@]}"; do
   archive="$IMAGES_DIR/genrm-$t-$VERSION.oci.tar"
-  rm -f "$archive"
-  "${B[@]}" push --quiet --compression-format gzip "genrm/$t:$VERSION" "oci-archive:$archive:$VERSION" >/dev/null
   size="$("${B[@]}" images --format '{{.Size}}' "genrm/$t:$VERSION" | head -1)"
   printf '%-28s %-10s %-10s %s\n' "genrm/$t:$VERSION" "$size" "$(human "$(stat -c %s "$archive")")" "$archive"
 done
