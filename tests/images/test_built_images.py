@@ -76,7 +76,8 @@ class Mounted:
         inner = ["chroot", f"--userspec={user}", "--groups=", str(self.root), *env, "sh", "-c",
                  f'cd {self.config.get("WorkingDir") or "/"} && {shell}']
         outer = f'mount -t proc proc "$1/proc" && {"ip link set lo up && " if net else ""}shift && exec "$@"'
-        flags = ["--mount", "--pid", "--uts", "--ipc", "--fork", "--propagation", "private"] + (["--net"] if net else [])
+        flags = ["--mount", "--pid", "--uts", "--ipc", "--fork", "--propagation", "private"]
+        flags += ["--net"] if net else []
         return subprocess.run(["unshare", *flags, "sh", "-c", outer, "sh", str(self.root), *inner],
                               capture_output=True, text=True, timeout=timeout)
 

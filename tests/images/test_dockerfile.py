@@ -1,4 +1,4 @@
-"""Static checks of the Dockerfile: CI has no Docker engine, so `make images` cannot run here.
+"""Static checks of the Dockerfile, which hold for every builder (test_built_images.py runs what buildah built).
 
 What must hold so that the images run what CI tested: every install uses constraints.txt,
 the four targets exist and run as non-root, their entry points are console scripts the
