@@ -28,9 +28,11 @@ tools:
 	if [ -n "$${missing// }" ]; then \
 	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; fi
 
-## test: every check and test (lint, types, layering, control plane, unit, gateway, cluster e2e, 3-min soak,
-## the real-engine lane)
-test: venv tools lint control-plane unit e2e test-real-engine
+## test: every check and test (lint, types, layering, control plane, images, unit, gateway, cluster e2e with
+## the chart run from its images, 3-min soak, the real-engine lane); a test of the images fails, not skips,
+## when they were not built
+test: export GENRM_IMAGES_REQUIRED=1
+test: venv tools lint control-plane images unit e2e test-real-engine
 
 lint: venv
 	$(VENV)/bin/ruff check operator gateway contract engine client hack bench tests e2e
@@ -113,7 +115,8 @@ bench-operator: venv tools control-plane
 	  $(if $(filter hollow,$(MODE)),--hollow) $(if $(filter real,$(MODE)),--real)
 
 ## images: the operator, gateway and simulator images from the Dockerfile: with Docker where its engine
-## runs (and then the engine image too), else with buildah on a local Debian base (docs/development.md#images)
+## runs (and then the engine image too), else with buildah on a local Debian base (docs/development.md#images;
+## cold: about 7 minutes, then only what changed)
 images:
 	hack/images.sh
 

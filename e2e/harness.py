@@ -218,6 +218,14 @@ def tail(path: Path, lines: int = 40) -> str:
         return f"<{exc}>"
 
 
+def helm(cluster: Cluster, *args: str, timeout: float = 300) -> str:
+    """The built helm against ``cluster``; its output, or an assertion with its error."""
+    done = subprocess.run([str(Path(cluster.bin_dir) / "helm"), *args, "--kubeconfig", cluster.kubeconfig],
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"helm {' '.join(args)}: {done.stderr}"
+    return done.stdout
+
+
 def deploy_activator(cluster: Cluster, release: str = "e2e", namespace: str = "genrm-system") -> tuple[str, str]:
     """The chart's activator (two pods, its Service and token) in ``namespace``, rendered from the chart
     as `helm install` makes it; its Service (``namespace/name``) and control token, for the operator."""

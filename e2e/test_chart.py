@@ -1,8 +1,8 @@
 """The Helm chart against the local cluster: server-side dry-run, install, and least-privilege RBAC.
 
-Why run the operator out of the cluster with the chart's ServiceAccount token: the local node
-agent runs containers as host processes without images, so the chart's Deployment cannot start
-the operator there (it is installed with replicaCount=0). The identity is what matters: the
+Why run the operator out of the cluster with the chart's ServiceAccount token: the suite's cluster
+runs containers as host processes from the checkout, so the chart's Deployment is installed with
+replicaCount=0 here (e2e/test_images.py runs the whole chart from its images). The identity is what matters: the
 operator process authenticates exactly as the Deployment's pod would, through a token the API
 server issues for the chart's ServiceAccount, and the chart's (Cluster)Role is all it may use.
 Removing one needed permission from that role must then make the same reconcile fail.
@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,19 +20,12 @@ from typing import Any
 import pytest
 import yaml
 
-from .harness import REPO, Cluster, OperatorProcess, pool_manifest, wait_for
+from .harness import REPO, Cluster, OperatorProcess, helm, pool_manifest, wait_for
 
 CHART = REPO / "charts" / "genrm-operator"
 KUBE_VERSION = "1.36.3"
 RELEASE_NAMESPACE = "genrm-system"
 _releases = itertools.count(1)
-
-
-def helm(cluster: Cluster, *args: str) -> str:
-    result = subprocess.run([str(Path(cluster.bin_dir) / "helm"), *args, "--kubeconfig", cluster.kubeconfig],
-                            capture_output=True, text=True)
-    assert result.returncode == 0, f"helm {' '.join(args)}: {result.stderr}"
-    return result.stdout
 
 
 def ensure_namespace(cluster: Cluster, name: str) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 from types import TracebackType
 
 from genrm_cluster.controlplane import ControlPlane
+from genrm_cluster.imagestore import ImageStore
 from genrm_cluster.kubeapi import KubeAPI
 from genrm_cluster.netns import PodNetwork
 from genrm_cluster.nodeagent import NodeAgent, NodeConfig
@@ -39,7 +40,8 @@ class LocalCluster:
     `crds` (YAML files) are installed before the controller manager starts (controlplane.py says
     why). `workdir` defaults to a fresh dir under /dev/shm and is removed on exit unless `keep_workdir`
     (or env GENRM_KEEP_WORKDIR=1) is set, so logs can be inspected after a failure. `images` maps an
-    image name to a directory whose `bin` its containers find first on PATH (podspec.py).
+    image name to a directory whose `bin` its containers find first on PATH (podspec.py); with an
+    `image_store`, a container whose image is in it runs from that image (imagestore.py, contain.py).
     """
 
     def __init__(
@@ -53,6 +55,7 @@ class LocalCluster:
         hollow: bool = False,
         apiserver_args: Sequence[str] = (),
         images: Mapping[str, Path] | None = None,
+        image_store: ImageStore | None = None,
     ) -> None:
         base = "/dev/shm" if Path("/dev/shm").is_dir() else None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="genrm-cluster-", dir=base))
@@ -64,6 +67,7 @@ class LocalCluster:
         self.network = PodNetwork()
         self.crds = tuple(crds)
         self.images = dict(images or {})
+        self.image_store = image_store
         self._agent: NodeAgent | None = None
         self._proxy: ServiceProxy | None = None
 
@@ -118,7 +122,8 @@ class LocalCluster:
             self.network.setup()
             self.control_plane.start(self.network.service_cidr, self.crds)
             log.info("control plane up; kubeconfig %s", self.kubeconfig)
-            self._agent = NodeAgent(self.api, self.node_configs, self.workdir, self.network, self.images)
+            self._agent = NodeAgent(self.api, self.node_configs, self.workdir, self.network, self.images,
+                                    self.image_store)
             self._agent.start()
             assert self.network.router is not None
             self._proxy = ServiceProxy(
@@ -126,6 +131,8 @@ class LocalCluster:
                 functools.partial(self.control_plane.client_kubeconfig, "kube-proxy", "system:kube-proxy"),
                 node=self.node_configs[0].name, cluster_cidr=str(self.network.network))
             self._proxy.start()
+            self.api.post("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices",
+                          self._proxy.api_endpoint_slice())
             log.info("kube-proxy up; services %s via %s", self.network.service_cidr, self.network.router_ip)
             self._wait_schedulable()
         except BaseException:

@@ -23,6 +23,7 @@ given by the caller (`LocalCluster` puts it under /dev/shm, so etcd's writes sta
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import ssl
 import subprocess
@@ -120,7 +121,8 @@ class ControlPlane:
 
     def _start(self, service_cidr: str, crds: Sequence[Path]) -> None:
         pki = self.pki
-        serving = pki.serving_cert("apiserver", "kube-apiserver")
+        # The API server gives its own Service the range's first address.
+        serving = pki.serving_cert("apiserver", "kube-apiserver", str(ipaddress.ip_network(service_cidr)[1]))
         sa = pki.service_account_keys()
         admin = pki.client_cert("admin", "admin", ("system:masters",))
         write_kubeconfig(self.kubeconfig, self.server, pki.ca.cert, admin, "admin")

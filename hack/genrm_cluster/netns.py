@@ -121,6 +121,12 @@ class PodNetwork:
         """The slot's service range, given to the apiserver as --service-cluster-ip-range."""
         return f"10.{96 + self.slot}.0.0/16"
 
+    @property
+    def api_service_ip(self) -> str:
+        """The `kubernetes` Service's ClusterIP: the API server gives its own Service the range's first
+        address (pods reach the API server through it, `serviceproxy.ApiRelay`)."""
+        return str(ipaddress.ip_network(self.service_cidr)[1])
+
     def setup(self) -> None:
         """Take a free slot, clean its leftovers, create the bridge, the router and its route."""
         LOCK_DIR.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,7 @@ from pathlib import Path
 import httpx
 
 from genrm_cluster.hollow import HollowNode, HollowPod
+from genrm_cluster.imagestore import ImageStore
 from genrm_cluster.kubeapi import JSON, ApiError, KubeAPI
 from genrm_cluster.netns import PodNetwork
 from genrm_cluster.podrunner import PodRunner, now_rfc3339
@@ -62,9 +63,10 @@ class NodeAgent:
     """Registers `nodes` and runs the pods bound to them until `stop()`."""
 
     def __init__(self, api: KubeAPI, nodes: list[NodeConfig], workdir: Path, network: PodNetwork,
-                 images: Mapping[str, Path] | None = None) -> None:
+                 images: Mapping[str, Path] | None = None, image_store: ImageStore | None = None) -> None:
         self.api = api
         self.images = dict(images or {})
+        self.image_store = image_store
         self.nodes = {n.name: n for n in nodes}
         self.workdir = workdir
         self.network = network
@@ -240,7 +242,8 @@ class NodeAgent:
             hollow.start()
             return hollow
         pod_dir = self.workdir / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
-        runner = PodRunner(self.api, pod, self.network, pod_dir, self._report_status, self.images)
+        runner = PodRunner(self.api, pod, self.network, pod_dir, self._report_status, self.images,
+                           self.image_store)
         self.runners[meta["uid"]] = runner
         log.info("pod %s/%s: starting on %s, logs in %s", meta["namespace"], meta["name"],
                  pod["spec"]["nodeName"], pod_dir / "logs")

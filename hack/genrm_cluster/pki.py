@@ -21,8 +21,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 VALIDITY = datetime.timedelta(days=7)
 
-#: SANs of the apiserver serving certificate: loopback plus the in-cluster names and the first
-#: address of the service CIDR, so clients configured either way verify the certificate.
+#: SANs of the apiserver serving certificate: loopback and the in-cluster names (`serving_cert` adds
+#: the `kubernetes` Service's address), so clients configured either way verify the certificate.
 APISERVER_DNS_NAMES = (
     "localhost",
     "kubernetes",
@@ -30,7 +30,7 @@ APISERVER_DNS_NAMES = (
     "kubernetes.default.svc",
     "kubernetes.default.svc.cluster.local",
 )
-APISERVER_IPS = ("127.0.0.1", "10.96.0.1")
+APISERVER_IPS = ("127.0.0.1",)
 
 
 @dataclass(frozen=True)
@@ -122,10 +122,11 @@ class PKI:
         _write_key(key, pair.key)
         return pair
 
-    def serving_cert(self, name: str, common_name: str) -> CertPair:
-        """The apiserver's serving certificate (loopback and in-cluster SANs)."""
+    def serving_cert(self, name: str, common_name: str, service_ip: str) -> CertPair:
+        """The apiserver's serving certificate (loopback and in-cluster SANs, ``service_ip`` the
+        `kubernetes` Service's ClusterIP, which in-cluster clients dial)."""
         sans: list[x509.GeneralName] = [x509.DNSName(d) for d in APISERVER_DNS_NAMES]
-        sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in APISERVER_IPS]
+        sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in (*APISERVER_IPS, service_ip)]
         return self._issue(name, _name(common_name), ExtendedKeyUsageOID.SERVER_AUTH, sans)
 
     def client_cert(self, name: str, user: str, groups: tuple[str, ...] = ()) -> CertPair:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime
 import functools
 import logging
+import os
 import subprocess
 import threading
 import time
@@ -29,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from genrm_cluster import procutil
+from genrm_cluster.contain import ContainerSpec, exec_argv, supervisor_argv
+from genrm_cluster.imagestore import ImageRoot, ImageStore
 from genrm_cluster.kubeapi import JSON, KubeAPI
 from genrm_cluster.netns import PodNetns, PodNetwork
 from genrm_cluster.podspec import ConfigError, PodFiles
@@ -74,6 +77,10 @@ class Container:
     proc: subprocess.Popen[bytes] | None = None
     state: JSON = field(default_factory=lambda: {"waiting": {"reason": "ContainerCreating"}})
     last_state: JSON = field(default_factory=dict)
+    image: ImageRoot | None = None
+    """The image it runs from, when the cluster's image store has it (`contain`); else a host process."""
+    contained: ContainerSpec | None = None
+    """Its current run's container, when it runs from ``image``."""
     restart_count: int = 0
     started_at: float = 0.0
     next_start_at: float = 0.0
@@ -162,9 +169,11 @@ class PodRunner:
     """Owns one pod: its namespace, files, processes, probes and status. See module docstring."""
 
     def __init__(self, api: KubeAPI, pod: JSON, network: PodNetwork, pod_dir: Path,
-                 on_status: StatusSink, images: Mapping[str, Path] | None = None) -> None:
+                 on_status: StatusSink, images: Mapping[str, Path] | None = None,
+                 image_store: ImageStore | None = None) -> None:
         self.api = api
         self.images = images
+        self.image_store = image_store
         self.pod = pod
         self.network = network
         self.pod_dir = pod_dir
@@ -236,14 +245,17 @@ class PodRunner:
     def _prepare(self) -> None:
         """Network first (the pod IP feeds the downward API), then volumes (retried while missing)."""
         self.netns = self.network.add_pod()
-        self.files = PodFiles(self.api, self.pod, self.pod_dir, self.netns.ip, self.network.host_ip, self.images)
+        self.files = PodFiles(self.api, self.pod, self.pod_dir, self.netns.ip, self.network.host_ip, self.images,
+                              self.network.api_service_ip)
         for c in self.containers:
             log.info("pod %s container %s log: %s", self.key, c.name, c.log_path)
+            if self.image_store is not None:
+                c.image = self.image_store.root(c.spec.get("image", ""))
         while not (self._kill or self._terminate_grace is not None):
             try:
                 self.files.materialise_volumes()
                 for c in self.containers:
-                    c.env = self.files.env(c.spec)
+                    c.env = self.files.env(c.spec, c.image)
                 return
             except ConfigError as err:
                 self.message = str(err)
@@ -270,13 +282,21 @@ class PodRunner:
     def _start_container(self, c: Container, now: float) -> None:
         assert self.files is not None and self.netns is not None
         try:
-            argv = self.files.argv(c.spec, c.env)
+            if c.image is not None:
+                where = self.pod_dir / "containers" / c.name
+                c.contained = self.files.contained(c.spec, c.env, c.image, where / f"root-{c.restart_count}",
+                                                   where / "pid")
+                argv = supervisor_argv(c.contained.write(where / "spec.json"))
+            else:
+                argv = self.files.argv(c.spec, c.env)
         except ConfigError as err:
             c.state = {"waiting": {"reason": "CreateContainerError", "message": str(err)}}
             c.next_start_at = now + BACKOFF_MAX
             return
-        workdir = Path(c.spec.get("workingDir") or self.pod_dir)
-        c.proc = procutil.spawn([*self.netns.exec_prefix(), *argv], c.log_path, env=c.env,
+        workdir = Path(c.spec.get("workingDir") or self.pod_dir) if c.image is None else self.pod_dir
+        # The supervisor gets the agent's own PATH only: the container's environment is in its spec.
+        env = c.env if c.contained is None else {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        c.proc = procutil.spawn([*self.netns.exec_prefix(), *argv], c.log_path, env=env,
                                 cwd=workdir if workdir.is_dir() else self.pod_dir)
         c.started_at = now
         c.state = {"running": {"startedAt": now_rfc3339()}}
@@ -312,7 +332,10 @@ class PodRunner:
     def _exec(self, c: Container, argv: list[str], timeout: float) -> int:
         """Run a command inside the pod's namespace with the container's env (hooks, probes)."""
         assert self.netns is not None and self.files is not None
-        cmd = [*self.netns.exec_prefix(), *self.files.argv({**c.spec, "command": argv, "args": []}, c.env)]
+        if c.contained is not None:
+            cmd = exec_argv(c.contained, argv)
+        else:
+            cmd = [*self.netns.exec_prefix(), *self.files.argv({**c.spec, "command": argv, "args": []}, c.env)]
         with c.log_path.open("ab") as out:
             return subprocess.run(cmd, env=c.env, stdout=out, stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL, timeout=timeout).returncode

@@ -18,6 +18,13 @@ process. Volumes are materialised as directories of a per-pod dir; the container
 * Images: a container whose `image` the cluster was given a root directory for (`images`, e.g.
   SGLang's image mapped to an installed environment of SGLang) gets that root's `bin` first on PATH,
   so its `python3` is the image's; any other image is ignored.
+* Images from the store (`imagestore`, when the cluster has one): a container whose image is there
+  runs from it for real (`contain`): none of the above path mapping, but the image's environment,
+  entrypoint, command, working directory and user under Kubernetes' rules (`command` replaces the
+  entrypoint, `args` the command; runAsUser, runAsGroup, runAsNonRoot and readOnlyRootFilesystem
+  from the container's securityContext, else the pod's), its volumes mounted at their paths.
+* Every container gets KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT, the `kubernetes`
+  Service's address, as the kubelet sets them (in-cluster clients find the API server by them).
 * hostPath volumes are the host directory itself (a model directory on the node, as on a real one).
 """
 
@@ -29,8 +36,14 @@ import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+from genrm_cluster.contain import ContainerSpec, Mount
+from genrm_cluster.imagestore import ImageRoot
 from genrm_cluster.kubeapi import JSON, ApiError, KubeAPI
+
+KUBERNETES_SERVICE_PORT = 443
+"""The `kubernetes` Service's port (the API server's own Service, made by the API server)."""
 
 
 class ConfigError(Exception):
@@ -87,8 +100,9 @@ class PodFiles:
     """Materialises a pod's volumes under `pod_dir` and resolves its containers' env and argv."""
 
     def __init__(self, api: KubeAPI, pod: JSON, pod_dir: Path, pod_ip: str, host_ip: str,
-                 images: Mapping[str, Path] | None = None) -> None:
+                 images: Mapping[str, Path] | None = None, api_service_ip: str = "") -> None:
         self.api = api
+        self.api_service_ip = api_service_ip
         self.images = dict(images or {})
         self.pod = pod
         self.pod_dir = pod_dir
@@ -105,6 +119,8 @@ class PodFiles:
                 continue
             target = self.pod_dir / "volumes" / volume["name"]
             target.mkdir(parents=True, exist_ok=True)
+            if "emptyDir" in volume:
+                target.chmod(0o777)  # as the kubelet makes it: any container user may write there
             self.volume_dirs[volume["name"]] = target
             if "secret" in volume:
                 src = volume["secret"]
@@ -170,29 +186,26 @@ class PodFiles:
 
     def mounts(self, container: JSON) -> list[tuple[str, str]]:
         """(mountPath, host path) pairs of a container, longest mountPath first."""
-        pairs = []
+        return [(m.target, m.source) for m in self.volume_mounts(container)]
+
+    def volume_mounts(self, container: JSON) -> list[Mount]:
+        """The container's volumes as mounts, longest mountPath first."""
+        mounts = []
         for mount in container.get("volumeMounts") or []:
             host = self.volume_dirs[mount["name"]]
             if mount.get("subPath"):
                 host = host / mount["subPath"]
-            pairs.append((mount["mountPath"].rstrip("/") or "/", str(host)))
-        return sorted(pairs, key=lambda p: len(p[0]), reverse=True)
+            mounts.append(Mount(str(host), mount["mountPath"].rstrip("/") or "/", bool(mount.get("readOnly"))))
+        return sorted(mounts, key=lambda m: len(m.target), reverse=True)
 
-    def env(self, container: JSON) -> dict[str, str]:
-        """The container's environment, see the module docstring."""
-        venv_bin = str(Path(sys.executable).parent)
-        image_root = self.images.get(container.get("image", ""))
-        if image_root is not None:
-            venv_bin = f"{image_root / 'bin'}:{venv_bin}"
-        home = self.pod_dir / "home"
-        (home / "tmp").mkdir(parents=True, exist_ok=True)
-        env = {
-            "PATH": f"{venv_bin}:{os.environ.get('PATH', '/usr/local/bin:/usr/bin:/bin')}",
-            "HOME": str(home),
-            "TMPDIR": str(home / "tmp"),
-            "HOSTNAME": self.pod["metadata"]["name"],
-            "GENRM_POD_DIR": str(self.pod_dir),
-        }
+    def env(self, container: JSON, image: ImageRoot | None = None) -> dict[str, str]:
+        """The container's environment, see the module docstring (``image``: it runs from that image)."""
+        env = self._base_env(container) if image is None else dict(v.split("=", 1) for v in image.env if "=" in v)
+        env["HOSTNAME"] = self.pod["metadata"]["name"]
+        if self.api_service_ip:
+            port = str(KUBERNETES_SERVICE_PORT)
+            env.update(KUBERNETES_SERVICE_HOST=self.api_service_ip, KUBERNETES_SERVICE_PORT=port,
+                       KUBERNETES_SERVICE_PORT_HTTPS=port)
         for source in container.get("envFrom") or []:
             ref, kind = ((source["secretRef"], "secrets") if "secretRef" in source
                          else (source["configMapRef"], "configmaps"))
@@ -204,8 +217,63 @@ class PodFiles:
             value = self._env_value(var, env)
             if value is not None:
                 env[var["name"]] = value
+        if image is not None:
+            env.setdefault("HOME", image.home(self.identity(container, image)[0]))
+            return env
         mounts = self.mounts(container)
         return {k: rewrite_paths(v, mounts) for k, v in env.items()}
+
+    def _base_env(self, container: JSON) -> dict[str, str]:
+        """A host process's own variables: the virtualenv (or the mapped image's) first on PATH, and a
+        home in the pod's directory."""
+        venv_bin = str(Path(sys.executable).parent)
+        image_root = self.images.get(container.get("image", ""))
+        if image_root is not None:
+            venv_bin = f"{image_root / 'bin'}:{venv_bin}"
+        home = self.pod_dir / "home"
+        (home / "tmp").mkdir(parents=True, exist_ok=True)
+        return {
+            "PATH": f"{venv_bin}:{os.environ.get('PATH', '/usr/local/bin:/usr/bin:/bin')}",
+            "HOME": str(home),
+            "TMPDIR": str(home / "tmp"),
+            "GENRM_POD_DIR": str(self.pod_dir),
+        }
+
+    def _security(self, container: JSON, key: str) -> Any:
+        """A securityContext setting: the container's, else the pod's."""
+        own = (container.get("securityContext") or {}).get(key)
+        return own if own is not None else (self.pod["spec"].get("securityContext") or {}).get(key)
+
+    def identity(self, container: JSON, image: ImageRoot) -> tuple[int, int]:
+        """The uid and gid the container runs as (`ImageRoot.ids`), refused as the kubelet refuses a
+        container that must not run as root and would."""
+        try:
+            uid, gid = image.ids(self._security(container, "runAsUser"), self._security(container, "runAsGroup"))
+        except LookupError as err:
+            raise ConfigError(f"container {container['name']}: {err}") from err
+        if uid == 0 and self._security(container, "runAsNonRoot"):
+            raise ConfigError(f"container {container['name']} has runAsNonRoot and image will run as root")
+        return uid, gid
+
+    def contained(self, container: JSON, env: dict[str, str], image: ImageRoot, scratch: Path,
+                  pid_file: Path) -> ContainerSpec:
+        """What `contain` needs to run ``container`` from ``image``."""
+        command = [expand(s, env) for s in container.get("command") or ()]
+        args = [expand(s, env) for s in container.get("args") or ()]
+        # Kubernetes' rule: command replaces the entrypoint (and drops the image's cmd), args the cmd.
+        argv = [*command, *args] if command else [*image.entrypoint, *(args or image.cmd)]
+        if not argv:
+            raise ConfigError(f"container {container['name']}: no command and the image {image.ref} has none")
+        uid, gid = self.identity(container, image)
+        name = self.pod["metadata"]["name"]
+        scratch.mkdir(parents=True, exist_ok=True)
+        return ContainerSpec(
+            rootfs=str(image.rootfs), scratch=str(scratch), argv=argv, env=env, uid=uid, gid=gid,
+            workdir=container.get("workingDir") or image.workdir, hostname=name,
+            hosts=f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n{self.pod_ip}\t{name}\n",
+            mounts=sorted(self.volume_mounts(container), key=lambda m: len(m.target)),  # parents first
+            read_only_root=bool(self._security(container, "readOnlyRootFilesystem")),
+            pid_file=str(pid_file))
 
     def _env_value(self, var: JSON, env: dict[str, str]) -> str | None:
         if "valueFrom" not in var:

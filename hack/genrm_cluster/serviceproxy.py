@@ -11,7 +11,10 @@ removes every rule kube-proxy made; the host's own nftables and iptables are nev
 
 kube-proxy must reach the apiserver, which listens on the host's 127.0.0.1 only, so a relay
 thread accepts on 127.0.0.1 inside the router namespace and connects to the apiserver on the
-host's loopback (TLS passes through untouched; the serving certificate covers 127.0.0.1).
+host's loopback (TLS passes through untouched; the serving certificate covers 127.0.0.1). Pods reach
+it the way they do on a real node, through the `kubernetes` Service: a second relay accepts on the
+router's own address, and the Service's EndpointSlice (`api_endpoint_slice`) names that address, so
+kube-proxy sends the Service's ClusterIP there (the serving certificate covers the ClusterIP).
 """
 
 from __future__ import annotations
@@ -43,8 +46,8 @@ class ServiceProxyError(RuntimeError):
     """kube-proxy did not come up; the message carries its log tail."""
 
 
-def listen_in_netns(netns: str) -> socket.socket:
-    """A TCP listener on 127.0.0.1 (free port) inside `netns`, usable from this process.
+def listen_in_netns(netns: str, address: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A TCP listener on ``address`` (a free port by default) inside `netns`, usable from this process.
 
     A socket keeps the namespace it was created in, so a short-lived thread enters the namespace
     (setns affects the calling thread only), creates the socket and ends; the rest of the process
@@ -60,7 +63,7 @@ def listen_in_netns(netns: str) -> socket.socket:
                 if libc.setns(target.fileno(), CLONE_NEWNET) != 0:
                     err = ctypes.get_errno()
                     raise OSError(err, f"setns {netns}: {os.strerror(err)}")
-            made.append(socket.create_server(("127.0.0.1", 0)))
+            made.append(socket.create_server((address, port)))
         except BaseException as exc:  # re-raised in the caller's thread
             failed.append(exc)
 
@@ -129,12 +132,16 @@ class ServiceProxy:
         self.log = workdir / "logs" / "kube-proxy.log"
         self.healthz = f"http://{router.ip}:10256/healthz"
         self._relay: Relay | None = None
+        self._pods_relay: Relay | None = None
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         """Start the relay and kube-proxy; return once kube-proxy reports its rules synced."""
         self._relay = Relay(listen_in_netns(self.router.name), ("127.0.0.1", self.api_port))
         self._relay.start()
+        self._pods_relay = Relay(listen_in_netns(self.router.name, self.router.ip, self.api_port),
+                                 ("127.0.0.1", self.api_port))
+        self._pods_relay.start()
         kubeconfig = self.kubeconfig_for(f"https://127.0.0.1:{self._relay.port}")
         config = self.workdir / "kube-proxy.json"
         config.write_text(json.dumps({
@@ -177,6 +184,20 @@ class ServiceProxy:
         if self._proc is not None:
             procutil.stop_group(self._proc, grace_seconds=5.0)
             self._proc = None
-        if self._relay is not None:
-            self._relay.stop()
-            self._relay = None
+        for relay in (self._relay, self._pods_relay):
+            if relay is not None:
+                relay.stop()
+        self._relay = self._pods_relay = None
+
+    def api_endpoint_slice(self) -> dict[str, object]:
+        """The `kubernetes` Service's EndpointSlice: the pods' relay to the API server. The API server
+        writes none itself here (``--endpoint-reconciler-type=none``: its address is loopback)."""
+        return {
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "kubernetes", "namespace": "default",
+                         "labels": {"kubernetes.io/service-name": "kubernetes",
+                                    "endpointslice.kubernetes.io/managed-by": "genrm-cluster"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [self.router.ip], "conditions": {"ready": True}}],
+            "ports": [{"name": "https", "port": self.api_port, "protocol": "TCP"}],
+        }
