@@ -7,14 +7,17 @@ host process as before (podspec.py). The store is opt-in per cluster (`LocalClus
 every other test keeps running the checkout's code, never an image built from an older one.
 
 Each image is mounted once per store (``buildah from`` + ``buildah mount``: with vfs a copy of its
-layers, a few seconds) and shared read-only by all its containers, each with a writable layer of
-its own; `close` removes those working containers.
+layers, a few seconds and 345 MB) and shared read-only by all its containers, each with a writable
+layer of its own; `close` removes those working containers, and the first mount removes any that a
+process which is gone left behind (a test run killed before its `close`), so the store does not grow.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -25,6 +28,10 @@ CACHE = Path(os.environ.get("GENRM_CACHE", Path.home() / ".cache/genrm-operator"
 STORE = CACHE / "images/storage"
 """The store hack/images.sh builds into (its BUILDAH_ROOT)."""
 RUNROOT = Path(os.environ.get("XDG_RUNTIME_DIR", "/run")) / "genrm-operator-images"
+WORKING = "genrm-cluster-{pid}-{n}"
+"""The name of a working container (a mounted image) made by the process ``pid``, ``n`` counting in it."""
+_made = itertools.count()
+_WORKING = re.compile(r"genrm-cluster-(\d+)-\d+")
 
 
 def buildah_argv(store: Path = STORE, runroot: Path = RUNROOT) -> list[str]:
@@ -117,6 +124,8 @@ class ImageStore:
     def root(self, ref: str) -> ImageRoot | None:
         """The mounted image ``ref`` names, or None when the store has no such image."""
         with self._lock:
+            if not self._roots:
+                self._prune()
             if ref not in self._roots:
                 self._roots[ref] = self._mount(ref)
             return self._roots[ref]
@@ -126,7 +135,7 @@ class ImageStore:
         if inspected.returncode != 0:
             return None
         config = json.loads(inspected.stdout)["OCIv1"].get("config") or {}
-        made = self._run("from", "--pull=never", "--name", f"genrm-cluster-{os.getpid()}-{len(self._containers)}",
+        made = self._run("from", "--pull=never", "--name", WORKING.format(pid=os.getpid(), n=next(_made)),
                          ref)
         if made.returncode != 0:
             raise RuntimeError(f"buildah from {ref}: {made.stderr.strip()}")
@@ -138,6 +147,14 @@ class ImageStore:
         return ImageRoot(ref=ref, rootfs=Path(mounted.stdout.strip()), user=config.get("User") or "",
                          env=tuple(config.get("Env") or ()), entrypoint=tuple(config.get("Entrypoint") or ()),
                          cmd=tuple(config.get("Cmd") or ()), workdir=config.get("WorkingDir") or "/")
+
+    def _prune(self) -> None:
+        """Remove the working containers of processes that are gone (see the module docstring)."""
+        listed = self._run("containers", "--format", "{{.ContainerName}}")
+        for name in listed.stdout.split():
+            match = _WORKING.fullmatch(name)
+            if match and not Path(f"/proc/{match.group(1)}").exists():
+                self._run("rm", name)
 
     def close(self) -> None:
         """Remove the working containers the mounts were made from (the images stay)."""
