@@ -4,7 +4,9 @@ Why not a runtime: `podman run` (crun) refuses this machine's cgroup mode and rl
 runtime is installed. What a pod's container needs from one is small: its own mount, PID, UTS and
 IPC namespaces in the pod's network namespace, the image's files as its root with a writable layer
 of its own, the pod's volumes at their mount paths, its user, its environment and its command. This
-module is that, and nothing of resource limits or seccomp (docs/development.md says what is left out).
+module is that, and nothing of resource limits, seccomp, capabilities or user namespaces: a container
+that runs as root is root on the host, and it is no sandbox for untrusted images (docs/development.md
+says what is left out). The project's images and the chart run as an unprivileged user.
 
 The node agent starts ``python -I contain.py SPEC`` (`supervisor_argv`) inside the pod's network namespace
 (as root). This supervisor unshares the namespaces and forks the container's first process, which is
@@ -30,6 +32,7 @@ from pathlib import Path
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWPID = 0x00020000, 0x04000000, 0x08000000, 0x20000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x4000, 0x40000
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 """The character devices a runtime gives every container (bound from the host's)."""
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -62,6 +65,8 @@ class ContainerSpec:
     """The contents of /etc/hosts (the pod's name and IP, as the kubelet writes them)."""
     mounts: list[Mount] = field(default_factory=list)
     read_only_root: bool = False
+    no_new_privileges: bool = False
+    """securityContext.allowPrivilegeEscalation false: no setuid binary in the image regains root."""
     pid_file: str = ""
     """Where the supervisor writes the container's first process's host PID (for `exec_argv`)."""
 
@@ -85,11 +90,17 @@ def supervisor_argv(spec_file: Path) -> list[str]:
 
 def exec_argv(spec: ContainerSpec, argv: list[str]) -> list[str]:
     """A command run inside a running container, as its user, in every namespace of its first process
-    and at its root and working directory (``kubectl exec``, exec probes and preStop hooks)."""
+    and at its root and working directory (``kubectl exec``, exec probes and preStop hooks).
+
+    Run it with an empty environment: nsenter runs as root on the host until it has entered, so the
+    container's variables (an ``LD_PRELOAD``) are given to the command by the image's ``env`` inside."""
     pid = Path(spec.pid_file).read_text().strip()
+    if not pid:
+        raise OSError(f"container not started yet ({spec.pid_file} is empty)")
     nsenter = shutil.which("nsenter") or "nsenter"
     return [nsenter, f"--target={pid}", "--mount", "--uts", "--ipc", "--net", "--pid", "--root", "--wd",
-            f"--setuid={spec.uid}", f"--setgid={spec.gid}", "--", *argv]
+            f"--setuid={spec.uid}", f"--setgid={spec.gid}", "--", "/usr/bin/env", "-i",
+            *(f"{k}={v}" for k, v in spec.env.items()), *argv]
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -179,6 +190,8 @@ def _prepare_root(spec: ContainerSpec) -> Path:
 def _start_container(spec: ContainerSpec) -> None:
     """The container's first process: assemble its root, become its user, exec its command."""
     try:
+        for signum in FORWARDED:  # the supervisor's forwarding is not this process's
+            signal.signal(signum, signal.SIG_DFL)
         root = _prepare_root(spec)
         if spec.hostname:
             name = spec.hostname.encode()
@@ -188,6 +201,11 @@ def _start_container(spec: ContainerSpec) -> None:
         os.setgroups([])
         os.setgid(spec.gid)
         os.setuid(spec.uid)
+        # Set after the uid change, which clears it: the container dies with its supervisor even if it
+        # left the supervisor's process group (setsid), so nothing of a pod outlives it.
+        _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+        if spec.no_new_privileges:
+            _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
         os.execvpe(spec.argv[0], spec.argv, spec.env)
     except BaseException as exc:  # the kubelet's StartError, in the container's log
         print(f"genrm-cluster: container failed to start: {exc}", file=sys.stderr, flush=True)
@@ -196,14 +214,29 @@ def _start_container(spec: ContainerSpec) -> None:
 
 def main() -> int:
     spec = ContainerSpec.read(Path(sys.argv[1]))
+    # Signals that come before the child exists are kept for it (a pod deleted as it starts still gets
+    # its SIGTERM), not the default action, which would kill the supervisor and so the container.
+    pending: list[int] = []
+    child = 0
+
+    def forward(received: int, _frame: object) -> None:
+        if child:
+            os.kill(child, received)
+        else:
+            pending.append(received)
+
+    for signum in FORWARDED:
+        signal.signal(signum, forward)
     _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID), "unshare")
     child = os.fork()
     if child == 0:
         _start_container(spec)
     if spec.pid_file:
-        Path(spec.pid_file).write_text(str(child))
-    for signum in FORWARDED:
-        signal.signal(signum, lambda received, _frame: os.kill(child, received))
+        written = Path(f"{spec.pid_file}.new")
+        written.write_text(str(child))
+        written.replace(spec.pid_file)  # never read half written
+    for received in pending:
+        os.kill(child, received)
     _, status = os.waitpid(child, 0)
     return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 

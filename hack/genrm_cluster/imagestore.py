@@ -143,13 +143,16 @@ class ImageStore:
         self._containers.append(container)
         mounted = self._run("mount", container)
         if mounted.returncode != 0:
+            self._run("rm", container)
+            self._containers.remove(container)
             raise RuntimeError(f"buildah mount {ref}: {mounted.stderr.strip()}")
         return ImageRoot(ref=ref, rootfs=Path(mounted.stdout.strip()), user=config.get("User") or "",
                          env=tuple(config.get("Env") or ()), entrypoint=tuple(config.get("Entrypoint") or ()),
                          cmd=tuple(config.get("Cmd") or ()), workdir=config.get("WorkingDir") or "/")
 
     def _prune(self) -> None:
-        """Remove the working containers of processes that are gone (see the module docstring)."""
+        """Remove the working containers of processes that are gone (see the module docstring). The store is
+        this machine's and its users' (root, one PID namespace), which is what a PID says anything about."""
         listed = self._run("containers", "--format", "{{.ContainerName}}")
         for name in listed.stdout.split():
             match = _WORKING.fullmatch(name)

@@ -249,10 +249,10 @@ class PodRunner:
                               self.network.api_service_ip)
         for c in self.containers:
             log.info("pod %s container %s log: %s", self.key, c.name, c.log_path)
-            if self.image_store is not None:
-                c.image = self.image_store.root(c.spec.get("image", ""))
         while not (self._kill or self._terminate_grace is not None):
             try:
+                for c in self.containers:
+                    c.image = self._image(c)
                 self.files.materialise_volumes()
                 for c in self.containers:
                     c.env = self.files.env(c.spec, c.image)
@@ -263,6 +263,16 @@ class PodRunner:
                     c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(err)}}
                 self._report()
                 self._wake.wait(2.0)
+
+    def _image(self, c: Container) -> ImageRoot | None:
+        """The image ``c`` runs from, if the cluster's store has it; a store that fails is a container that
+        cannot be created (retried), as an image a runtime cannot unpack."""
+        if self.image_store is None:
+            return None
+        try:
+            return self.image_store.root(c.spec.get("image", ""))
+        except (RuntimeError, OSError, subprocess.SubprocessError, ValueError, KeyError) as err:
+            raise ConfigError(f"image {c.spec.get('image', '')}: {err}") from err
 
     def _tick(self) -> None:
         now = time.monotonic()
@@ -284,6 +294,7 @@ class PodRunner:
         try:
             if c.image is not None:
                 where = self.pod_dir / "containers" / c.name
+                (where / "pid").unlink(missing_ok=True)  # an exec never finds the last run's process
                 c.contained = self.files.contained(c.spec, c.env, c.image, where / f"root-{c.restart_count}",
                                                    where / "pid")
                 argv = supervisor_argv(c.contained.write(where / "spec.json"))

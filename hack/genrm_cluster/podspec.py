@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from genrm_cluster.contain import ContainerSpec, Mount
+from genrm_cluster.contain import ContainerSpec, Mount, inside
 from genrm_cluster.imagestore import ImageRoot
 from genrm_cluster.kubeapi import JSON, ApiError, KubeAPI
 
@@ -194,7 +194,9 @@ class PodFiles:
         for mount in container.get("volumeMounts") or []:
             host = self.volume_dirs[mount["name"]]
             if mount.get("subPath"):
-                host = host / mount["subPath"]
+                # Inside the volume, whatever links a container made in it: bound as written, a link
+                # to / would hand the host's root to the next container (the kubelet's subPath CVE).
+                host = inside(host, mount["subPath"])
             mounts.append(Mount(str(host), mount["mountPath"].rstrip("/") or "/", bool(mount.get("readOnly"))))
         return sorted(mounts, key=lambda m: len(m.target), reverse=True)
 
@@ -249,7 +251,7 @@ class PodFiles:
         container that must not run as root and would."""
         try:
             uid, gid = image.ids(self._security(container, "runAsUser"), self._security(container, "runAsGroup"))
-        except LookupError as err:
+        except (LookupError, ValueError) as err:  # a name the image lacks, a malformed passwd line
             raise ConfigError(f"container {container['name']}: {err}") from err
         if uid == 0 and self._security(container, "runAsNonRoot"):
             raise ConfigError(f"container {container['name']} has runAsNonRoot and image will run as root")
@@ -273,6 +275,7 @@ class PodFiles:
             hosts=f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n{self.pod_ip}\t{name}\n",
             mounts=sorted(self.volume_mounts(container), key=lambda m: len(m.target)),  # parents first
             read_only_root=bool(self._security(container, "readOnlyRootFilesystem")),
+            no_new_privileges=(container.get("securityContext") or {}).get("allowPrivilegeEscalation") is False,
             pid_file=str(pid_file))
 
     def _env_value(self, var: JSON, env: dict[str, str]) -> str | None:

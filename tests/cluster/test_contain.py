@@ -95,3 +95,22 @@ def test_mounts_go_parents_first_and_keep_read_only(rootfs: Path, tmp_path: Path
                                                {"name": "a", "mountPath": "/etc/x/"}]}
     mounts = pod.contained(container, {}, image(rootfs), tmp_path / "s", tmp_path / "pid").mounts
     assert [(m.target, m.read_only) for m in mounts] == [("/etc/x", False), ("/etc/x/y", True)]
+
+
+def test_a_sub_path_stays_inside_its_volume_whatever_links_a_container_made(rootfs: Path, tmp_path: Path) -> None:
+    pod = files(tmp_path)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "evil").symlink_to("/")  # what an earlier container could have left in an emptyDir
+    (shared / "up").symlink_to("../..")
+    pod.volume_dirs = {"shared": shared}
+    container = {"name": "c", "volumeMounts": [{"name": "shared", "mountPath": "/a", "subPath": "evil/etc"},
+                                               {"name": "shared", "mountPath": "/b", "subPath": "up/x"}]}
+    sources = {m.target: m.source for m in pod.volume_mounts(container)}
+    assert sources == {"/a": str(shared / "etc"), "/b": str(shared / "x")}
+
+
+def test_an_image_with_a_malformed_passwd_cannot_start_but_breaks_nothing(rootfs: Path, tmp_path: Path) -> None:
+    (rootfs / "etc/passwd").write_text("app:x:notanumber:1::/:/bin/sh\n")
+    with pytest.raises(ConfigError, match="container c"):
+        files(tmp_path).contained({"name": "c"}, {}, image(rootfs, "app"), tmp_path / "s", tmp_path / "pid")
