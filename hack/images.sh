@@ -225,8 +225,9 @@ fi
 
 # The build's inputs: the Dockerfile, the base image, and every file the build context lets in (the
 # `!` lines of .dockerignore). With vfs even a fully cached build copies each stage's whole root
-# filesystem (minutes), so an image built from the same inputs, still in the store and exported, is
-# not built again (the hash and the image ID are kept beside the archive).
+# filesystem (minutes), so an image built from the same inputs and still in the store is not built
+# again, whichever checkout asks (the hash and the image ID are kept in the cache, beside the store);
+# a checkout without its archive only exports it.
 inputs="$(
   cd "$REPO"
   mapfile -t roots < <(sed -n 's/^!\(.*\)/\1/p' .dockerignore)
@@ -238,23 +239,29 @@ inputs="$(
   } | sha256sum | cut -c1-16
 )"
 
+mkdir -p "$CACHE/images/inputs"
 for t in "${targets[@]}"; do
   image="genrm/$t:$VERSION"
   archive="$IMAGES_DIR/genrm-$t-$VERSION.oci.tar"
-  stamp="$archive.inputs"
+  stamp="$CACHE/images/inputs/$t-$VERSION"
   id="$("${B[@]}" inspect --type image --format '{{.FromImageID}}' "$image" 2>/dev/null || true)"
-  if [[ -n "$id" && -f "$archive" && -f "$stamp" && "$(cat "$stamp")" == "$inputs $id" ]]; then
-    log "reuse $image (inputs $inputs unchanged)"; continue
+  if [[ -n "$id" && -f "$stamp" && "$(cat "$stamp")" == "$inputs $id" ]]; then
+    log "reuse $image (inputs $inputs unchanged)"
+  else
+    rm -f "$stamp" "$archive"
+    log "buildah bud --target $t"
+    start=$SECONDS
+    "${B[@]}" bud --isolation chroot --layers --pull=never --target "$t" --build-arg "PYTHON_IMAGE=$base" \
+      "${ca_args[@]}" -t "$image" -f "$REPO/Dockerfile" "$REPO" >&2
+    echo "$inputs $("${B[@]}" inspect --type image --format '{{.FromImageID}}' "$image")" >"$stamp"
+    log "built $image in $((SECONDS - start))s"
   fi
-  rm -f "$stamp"
-  log "buildah bud --target $t"
-  start=$SECONDS
-  "${B[@]}" bud --isolation chroot --layers --pull=never --target "$t" --build-arg "PYTHON_IMAGE=$base" \
-    "${ca_args[@]}" -t "$image" -f "$REPO/Dockerfile" "$REPO" >&2
-  rm -f "$archive"
-  "${B[@]}" push --quiet --compression-format gzip "$image" "oci-archive:$archive:$VERSION" >/dev/null
-  echo "$inputs $("${B[@]}" inspect --type image --format '{{.FromImageID}}' "$image")" >"$stamp"
-  log "built $image in $((SECONDS - start))s"
+  # The archive says which image it holds: an old one (another build of the same tag) is made again.
+  if [[ ! -f "$archive" || "$(cat "$archive.id" 2>/dev/null)" != "$(cat "$stamp")" ]]; then
+    rm -f "$archive"
+    "${B[@]}" push --quiet --compression-format gzip "$image" "oci-archive:$archive:$VERSION" >/dev/null
+    cp "$stamp" "$archive.id"
+  fi
 done
 
 printf '%-28s %-10s %-10s %s\n' IMAGE SIZE ARCHIVE "OCI ARCHIVE"
