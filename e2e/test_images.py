@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 import tomllib
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from genrm_cluster.cluster import LocalCluster
-from genrm_cluster.imagestore import ImageStore, buildah_argv, unavailable
+from genrm_cluster.imagestore import ImageStore, missing
 
 from .harness import REPO, Cluster, account_plain, helm, plain_report, pool_manifest, wait_for
 
@@ -36,18 +35,7 @@ CHART = REPO / "charts" / "genrm-operator"
 RELEASE, RELEASE_NAMESPACE, NAMESPACE = "images", "genrm-system", "judges"
 
 
-def _missing() -> str | None:
-    why = unavailable()
-    if why is None:
-        inspect = [*buildah_argv(), "inspect", "--type", "image"]
-        absent = [ref for ref in IMAGES.values() if subprocess.run([*inspect, ref], capture_output=True).returncode]
-        why = f"not built: {absent}: run make images" if absent else None
-    return why
-
-
-if (_why := _missing()) is not None:
-    if os.environ.get("GENRM_IMAGES_REQUIRED") == "1":
-        raise RuntimeError(f"the images e2e cannot run: {_why}")
+if (_why := missing(IMAGES.values())) is not None:
     pytest.skip(_why, allow_module_level=True)
 
 

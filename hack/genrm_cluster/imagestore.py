@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,10 @@ def buildah_argv(store: Path = STORE, runroot: Path = RUNROOT) -> list[str]:
     return ["buildah", "--root", str(store), "--runroot", str(runroot), "--storage-driver", "vfs"]
 
 
+REQUIRED = "GENRM_IMAGES_REQUIRED"
+"""Set to 1 by `make test` (after `make images`): images that cannot run are then an error, never a skip."""
+
+
 def unavailable(store: Path = STORE) -> str | None:
     """Why images from the store cannot be run here, or None when they can."""
     if shutil.which("buildah") is None:
@@ -48,6 +53,19 @@ def unavailable(store: Path = STORE) -> str | None:
     if not store.is_dir():
         return f"no image store at {store}: run make images"
     return None
+
+
+def missing(refs: Iterable[str]) -> str | None:
+    """Why the images ``refs`` cannot run here (the store's `unavailable`, or some not built), or None.
+    Raises RuntimeError instead when `REQUIRED` is set: a test that needs them must not skip."""
+    why = unavailable()
+    if why is None:
+        inspect = [*buildah_argv(), "inspect", "--type", "image"]
+        absent = [ref for ref in refs if subprocess.run([*inspect, ref], capture_output=True).returncode]
+        why = f"not built: {absent}: run make images" if absent else None
+    if why is not None and os.environ.get(REQUIRED) == "1":
+        raise RuntimeError(f"the built images are required ({REQUIRED}=1): {why}")
+    return why
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ GENRM_IMAGES_REQUIRED=1 (`make test` sets it after `make images`): then that is 
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import tempfile
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from genrm_cluster.contain import ContainerSpec, supervisor_argv
-from genrm_cluster.imagestore import WORKING, ImageRoot, ImageStore, buildah_argv, unavailable
+from genrm_cluster.imagestore import WORKING, ImageRoot, ImageStore, buildah_argv, missing
 
 REPO = Path(__file__).resolve().parents[2]
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
@@ -35,18 +34,7 @@ def _image(target: str) -> str:
     return f"genrm/{target}:{VERSION}"
 
 
-def _available() -> str | None:
-    why = unavailable()
-    if why is not None:
-        return why
-    missing = [t for t in TARGETS if subprocess.run([*buildah_argv(), "inspect", "--type", "image", _image(t)],
-                                                    capture_output=True).returncode]
-    return f"not built: {missing}: run make images" if missing else None
-
-
-if (_why := _available()) is not None:
-    if os.environ.get("GENRM_IMAGES_REQUIRED") == "1":
-        raise RuntimeError(f"the built images cannot be tested: {_why}")
+if (_why := missing(_image(t) for t in TARGETS)) is not None:
     pytest.skip(_why, allow_module_level=True)
 
 
