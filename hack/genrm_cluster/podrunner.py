@@ -344,11 +344,14 @@ class PodRunner:
         """Run a command inside the pod's namespace with the container's env (hooks, probes)."""
         assert self.netns is not None and self.files is not None
         if c.contained is not None:
-            cmd = exec_argv(c.contained, argv)
+            # nsenter is a root process on the host until it has entered: the container's variables are
+            # given to the command inside (`exec_argv`), never to nsenter itself.
+            cmd, env = exec_argv(c.contained, argv), {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         else:
+            env = c.env
             cmd = [*self.netns.exec_prefix(), *self.files.argv({**c.spec, "command": argv, "args": []}, c.env)]
         with c.log_path.open("ab") as out:
-            return subprocess.run(cmd, env=c.env, stdout=out, stderr=subprocess.STDOUT,
+            return subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL, timeout=timeout).returncode
 
     def _grace(self) -> float:
