@@ -90,15 +90,13 @@ class ImageRoot:
             return uid, run_as_group
         if group and run_as_user is None:
             return uid, _lookup(self.rootfs / "etc/group", group)
-        return uid, _passwd_gid(self.rootfs / "etc/passwd", uid) or 0
+        entry = _passwd_entry(self.rootfs / "etc/passwd", uid)
+        return uid, int(entry[3]) if entry else 0
 
     def home(self, uid: int) -> str:
         """The home directory of ``uid`` in the image (``/`` when it has none), for HOME."""
-        for line in _lines(self.rootfs / "etc/passwd"):
-            fields = line.split(":")
-            if len(fields) > 5 and fields[2] == str(uid):
-                return fields[5] or "/"
-        return "/"
+        entry = _passwd_entry(self.rootfs / "etc/passwd", uid)
+        return (entry[5] if entry and len(entry) > 5 else "") or "/"
 
 
 def _lines(path: Path) -> list[str]:
@@ -119,11 +117,12 @@ def _lookup(path: Path, name: str) -> int:
     raise LookupError(f"{name} is not in the image's {path.name}")
 
 
-def _passwd_gid(path: Path, uid: int) -> int | None:
+def _passwd_entry(path: Path, uid: int) -> list[str] | None:
+    """The fields of ``uid``'s line in the image's passwd file (its group at least), or None."""
     for line in _lines(path):
         fields = line.split(":")
         if len(fields) > 3 and fields[2] == str(uid):
-            return int(fields[3])
+            return fields
     return None
 
 
