@@ -307,6 +307,13 @@ def _at_crash(outcome: Outcome, crash: Crash) -> bool:
             and outcome.ended >= crash.at)
 
 
+def _since(moment: float, crash: Crash | None) -> str:
+    """``moment`` against the crash's kill and death, so a failure says which side of it it fell on."""
+    if crash is None:
+        return "with no crash"
+    return f"{moment - crash.at:+.3f}s from the kill, {moment - crash.done:+.3f}s from the death"
+
+
 def _wire_problems(load: Load, outcomes: list[Outcome]) -> list[str]:
     """Resends after an attempt the pool may have judged, and retry counts the wire does not show."""
     problems = []
@@ -405,7 +412,8 @@ def test_trainer_client_across_every_change_and_verl_like_beside_it(
     typed = [o for o in client if o.typed]
     at_crash = [o for o in typed if crash is not None and _at_crash(o, crash)]
     unexpected = [o.unexpected for o in client if o.unexpected]
-    unexpected += [f"typed error not in flight at the engine crash: {o.error}" for o in typed if o not in at_crash]
+    unexpected += [f"typed error not in flight at the engine crash: {o.error} (started {_since(o.started, crash)}, "
+                   f"ended {_since(o.ended, crash)})" for o in typed if o not in at_crash]
     wire = _wire_problems(load, client)
     retries = Counter(cause for o in client for cause, n in o.retries.items() for _ in range(n))
     verl_failed = [o for o in verl if o.error]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -189,6 +190,7 @@ class _Connection(asyncio.Protocol):
         self._pool = pool
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
+        self._fd = -1
         self._timer: asyncio.TimerHandle | None = None
         self._started = 0.0  # when the current request was sent (the head timeout counts from it)
         self._heard = 0.0  # the last read, or resume (the idle-read timeout counts from it)
@@ -225,6 +227,24 @@ class _Connection(asyncio.Protocol):
             self._heard = self._loop.time()
             self._transport.resume_reading()
 
+    def quiet(self) -> bool:
+        """Whether the engine has neither closed this idle connection nor sent anything on it.
+
+        Why look before reuse: a busy loop learns of an engine's close (a crash, its keep-alive
+        timeout) only some callbacks later. A request written meanwhile fails as if the engine died
+        under it, when the engine was gone before a byte was sent; read now, the close is seen first
+        and the request goes to a fresh connection, or is refused as never sent. One non-blocking
+        read: nothing waiting means alive, and any byte on an idle connection is unsolicited, so
+        consuming it costs nothing that was wanted.
+        """
+        try:
+            os.read(self._fd, 1)
+        except BlockingIOError:
+            return True
+        except OSError:  # reset
+            return False
+        return False
+
     def _disarm(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
@@ -251,6 +271,7 @@ class _Connection(asyncio.Protocol):
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        self._fd = transport.get_extra_info("socket").fileno()
 
     def data_received(self, data: bytes) -> None:
         if self._exchange is None:  # bytes nobody asked for: the connection cannot be trusted
@@ -406,7 +427,7 @@ class EnginePool:
         now = time.monotonic()
         while self._idle:
             connection = self._idle.pop()
-            if not connection.closed and now - connection.idle_since < _MAX_IDLE_SECONDS:
+            if not connection.closed and now - connection.idle_since < _MAX_IDLE_SECONDS and connection.quiet():
                 return connection
             connection.close()
         return None

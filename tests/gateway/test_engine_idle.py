@@ -12,6 +12,7 @@ import asyncio
 import time
 
 import pytest
+import uvloop
 from genrm_gateway import upstream
 from genrm_gateway.config import EngineAddress
 from genrm_gateway.upstream import EnginePool
@@ -46,3 +47,26 @@ def test_a_connection_closed_while_idle_is_retried_on_a_fresh_one(monkeypatch: p
         assert first == 200
         assert not seen_closed  # the pool took the connection the engine had closed
         assert second == 200 and stale_closed  # and the request was answered on a fresh one
+
+
+def test_a_request_after_the_engine_died_is_unavailable_not_disconnected() -> None:
+    """The engine is SIGKILLed while a connection to it sits idle, and the next request comes before
+    the loop has seen the close (a busy gateway): the engine was gone before a byte was written, so
+    the answer is ``engineUnavailable`` (retryable: nothing was judged), not the ``engineDisconnected``
+    of a request the engine died under. The e2e engine crash met this as a request lost that was
+    never in flight."""
+    with run_sim() as sim:
+        async def scenario() -> tuple[int, str]:
+            pool = EnginePool(EngineAddress.parse(sim.url))
+            try:
+                first, _ = await pool.request("GET", "/v1/models")
+                sim.process.kill()
+                sim.process.wait()
+                with pytest.raises(upstream.EngineError) as failed:
+                    await pool.request("GET", "/v1/models")
+                return first, failed.value.reason
+            finally:
+                pool.close()
+
+        first, reason = uvloop.run(scenario())  # the gateway's loop, whose sockets are not Python's
+        assert (first, reason) == (200, "engineUnavailable")
