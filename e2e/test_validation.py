@@ -52,6 +52,16 @@ def test_changing_an_immutable_field_is_rejected(cluster: Cluster, namespace: st
     assert "spec.engine.seed" in error and "create a new GenRMPool" in error
 
 
+def test_the_judge_changes_in_place_only_under_blue_green(cluster: Cluster, namespace: str) -> None:
+    cluster.kubectl("apply", "-f", "-", input=pool_manifest("judged", namespace, replicas=0))
+    patch = json.dumps({"spec": {"model": {"path": "judge-v2"}}})
+    error = cluster.kubectl_fails("patch", "genrmpool", "judged", "-n", namespace, "--type=merge", "-p", patch)
+    assert "spec.model" in error and "spec.judgeUpdate.strategy=BlueGreen" in error
+    blue_green = json.dumps({"spec": {"judgeUpdate": {"strategy": "BlueGreen"}, "model": {"path": "judge-v2"}}})
+    cluster.kubectl("patch", "genrmpool", "judged", "-n", namespace, "--type=merge", "-p", blue_green,
+                    "--dry-run=server")
+
+
 def test_an_unknown_field_is_rejected(cluster: Cluster, namespace: str) -> None:
     error = cluster.kubectl_fails("apply", "-f", "-", input=_with(namespace, replicaz=3))
     assert "replicaz" in error

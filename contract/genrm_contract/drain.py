@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from genrm_contract.sidecar import PROPAGATION_SECONDS, QUIET_SECONDS, DrainPhase, DrainState
+from genrm_contract.sidecar import PROPAGATION_SECONDS, QUIET_SECONDS, DrainPhase, DrainReason, DrainState
 
 ADMITTING = frozenset({DrainState.SERVING, DrainState.SOFT_DRAIN})
 """States in which new requests are admitted (fenced and drained replicas refuse them)."""
@@ -46,6 +46,11 @@ class DrainMachine:
     """When the deferred fence of such a call comes due (None: no fence is pending)."""
     fenced_at: float | None = None
     """When the replica fenced (for a deferred fence, the time it came due)."""
+    reason: DrainReason | None = None
+    """Why it is fenced when it is not leaving: a judge switch's fence (``judgeSwitched``) is at once
+    (the pool's Service already moved to the new revision, so a retry lands there, and one more
+    answer from the old judge would mix two in a phase) and held, never Drained by itself, while a
+    rollback may still undrain it. A later drain call without a reason releases it."""
 
     def at(self, now: float, idle_since: float | None) -> DrainMachine:
         """Time passed: a deferred fence comes due, and Fenced turns into Drained (for good) once
@@ -53,18 +58,21 @@ class DrainMachine:
         machine = self
         if machine.state is DrainState.SOFT_DRAIN and machine.fence_at is not None and now >= machine.fence_at:
             machine = dataclasses.replace(machine, state=DrainState.FENCED, fenced_at=machine.fence_at, fence_at=None)
-        if machine.state is DrainState.FENCED and idle_since is not None and now - idle_since >= machine.quiet_seconds:
+        if machine.state is DrainState.FENCED and machine.reason is None and idle_since is not None \
+                and now - idle_since >= machine.quiet_seconds:
             machine = dataclasses.replace(machine, state=DrainState.DRAINED)
         return machine
 
     def drain(self, drain_id: str, phase: DrainPhase, quiet_seconds: float | None, now: float,
-              idle_since: float | None) -> DrainMachine:
+              idle_since: float | None, reason: DrainReason | None = None) -> DrainMachine:
         """A drain call (``POST /v1/drain``); raises :class:`DrainConflict` for another drain id."""
         machine = self.at(now, idle_since)
         if machine.state is not DrainState.SERVING and drain_id != machine.drain_id:
             raise DrainConflict(f"already draining under drain id {machine.drain_id!r}")
         state, fence_at, fenced_at = machine.state, machine.fence_at, machine.fenced_at
-        if phase is DrainPhase.FENCE and state is DrainState.SERVING:
+        if phase is DrainPhase.FENCE and reason is not None and state in ADMITTING:
+            state, fence_at, fenced_at = DrainState.FENCED, None, now
+        elif phase is DrainPhase.FENCE and state is DrainState.SERVING:
             # A fence with no soft drain before it (a crashed replica being retired): clients on
             # kept-alive connections are sent elsewhere first, for the propagation window, as a
             # soft drain would; the fence follows by itself.
@@ -76,7 +84,8 @@ class DrainMachine:
         quiet = machine.quiet_seconds if quiet_seconds is None else quiet_seconds
         # Fenced by this call, a replica idle long enough is Drained at once.
         return dataclasses.replace(machine, state=state, drain_id=drain_id, quiet_seconds=quiet, fence_at=fence_at,
-                                   fenced_at=fenced_at).at(now, idle_since)
+                                   fenced_at=fenced_at, reason=reason if state is DrainState.FENCED else None
+                                   ).at(now, idle_since)
 
     def undrain(self, drain_id: str, now: float, idle_since: float | None) -> DrainMachine:
         """An undrain call (``POST /v1/undrain``): back to Serving; raises :class:`DrainConflict`
@@ -88,13 +97,14 @@ class DrainMachine:
             raise DrainConflict("the replica is drained; it cannot serve again")
         if drain_id != machine.drain_id:
             raise DrainConflict(f"the drain in progress has drain id {machine.drain_id!r}")
-        return dataclasses.replace(machine, state=DrainState.SERVING, drain_id=None, fence_at=None, fenced_at=None)
+        return dataclasses.replace(machine, state=DrainState.SERVING, drain_id=None, fence_at=None, fenced_at=None,
+                                   reason=None)
 
     def next_change(self, idle_since: float | None) -> float | None:
         """When the state next changes with time alone (a deferred fence, Drained), or None."""
         if self.state is DrainState.SOFT_DRAIN and self.fence_at is not None:
             return self.fence_at
-        if self.state is DrainState.FENCED and idle_since is not None:
+        if self.state is DrainState.FENCED and self.reason is None and idle_since is not None:
             return idle_since + self.quiet_seconds
         return None
 

@@ -125,6 +125,13 @@ class DrainPhase(enum.StrEnum):
     FENCE = "fence"
 
 
+class DrainReason(enum.StrEnum):
+    """Why a fence was asked for, when it is not a replica leaving the pool."""
+
+    JUDGE_SWITCHED = "judgeSwitched"
+    """The pool's judge revision changed: this replica's revision no longer serves it."""
+
+
 class RefusalReason(enum.StrEnum):
     """Why the gateway answered a request itself: the clients' vocabulary, spelt in the
     ``x-genrm-reason`` header, the JSON error's ``reason`` and the ``reason`` label of
@@ -256,6 +263,8 @@ class DrainRequest(_Document):
     drain_id: str = Field(alias="drainId", min_length=1)
     phase: DrainPhase
     quiet_seconds: float | None = Field(default=None, alias="quietSeconds", ge=0)
+    reason: DrainReason | None = None
+    active_revision: str | None = Field(default=None, alias="activeRevision", pattern=JUDGE_REVISION_PATTERN)
 
 
 class UndrainRequest(_Document):
@@ -320,6 +329,8 @@ class StateDocument(_Document):
     """Changes when the gateway restarts: versions count from 1 again."""
     version: int | None = Field(default=None, ge=0)
     """Grows whenever something the operator acts on changes (see :class:`Versions`)."""
+    reason: DrainReason | None = None
+    """Why the replica is fenced when it is not leaving (`genrm_contract.drain.DrainMachine.reason`)."""
 
     def wire(self) -> dict[str, object]:
         return self.model_dump(by_alias=True, mode="json")
@@ -338,7 +349,7 @@ class StateDocument(_Document):
         quiet spell, since it needs :data:`IDLE_REPORT_SECONDS` without a request to become true."""
         fenced_busy = self.inflight > 0 if self.state is DrainState.FENCED else None
         return (self.state, self.drain_id, self.engine.up, self.engine.healthy, fenced_busy,
-                bool(self.client_connections), self.idle, tuple(self.demand))
+                bool(self.client_connections), self.idle, tuple(self.demand), self.reason)
 
     def newer_than(self, other: StateDocument | None) -> bool:
         """Whether this report supersedes ``other``: answers on separate connections may arrive out of

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from genrm_contract.drain import DrainConflict, DrainMachine
-from genrm_contract.sidecar import DrainPhase, DrainState
+from genrm_contract.sidecar import DrainPhase, DrainReason, DrainState
 
 SERVING, SOFT, FENCED, DRAINED = DrainState.SERVING, DrainState.SOFT_DRAIN, DrainState.FENCED, DrainState.DRAINED
 
@@ -65,3 +65,25 @@ def test_undrain_returns_to_serving_until_drained() -> None:
     with pytest.raises(DrainConflict):
         drained.undrain("d", now=9.0, idle_since=6.0)
     assert drained.drain("d", DrainPhase.SOFT, None, now=9.0, idle_since=6.0).state is DRAINED  # final
+
+
+def test_a_judge_switch_fences_at_once_and_holds_the_fence_until_a_plain_drain_call_releases_it() -> None:
+    switched = DrainReason.JUDGE_SWITCHED
+    m = machine().drain("d", DrainPhase.FENCE, None, now=10.0, idle_since=0.0, reason=switched)
+    assert (m.state, m.fenced_at, m.fence_at, m.reason, m.admitting) == (FENCED, 10.0, None, switched, False)
+    # Held: idle for ever, never Drained by itself, so a rollback can still undrain it.
+    assert m.at(1000.0, 0.0).state is FENCED and m.next_change(0.0) is None
+    back = m.undrain("d", now=20.0, idle_since=0.0)
+    assert (back.state, back.reason) == (SERVING, None)
+    # Retiring it: a drain call without the reason releases the fence, and the quiet period applies.
+    released = m.drain("d", DrainPhase.FENCE, None, now=30.0, idle_since=0.0)
+    assert (released.state, released.reason) == (DRAINED, None)
+    busy = m.drain("d", DrainPhase.FENCE, None, now=30.0, idle_since=None)
+    assert (busy.state, busy.reason, busy.at(31.0, 30.0).state, busy.at(32.0, 30.0).state) == (FENCED, None, FENCED,
+                                                                                             DRAINED)
+
+
+def test_a_soft_drained_replica_fenced_for_a_judge_switch_stops_admitting_at_once() -> None:
+    m = machine().drain("d", DrainPhase.SOFT, None, now=10.0, idle_since=None)
+    m = m.drain("d", DrainPhase.FENCE, None, now=11.0, idle_since=None, reason=DrainReason.JUDGE_SWITCHED)
+    assert (m.state, m.admitting, m.reason) == (FENCED, False, DrainReason.JUDGE_SWITCHED)

@@ -100,3 +100,12 @@ def test_a_step_costs_linear_time_in_the_pools_size() -> None:
     # Four times the replicas: about four times the work, where one list per replica built from all
     # the others (quadratic) would be sixteen.
     assert seconds(4000) < 8 * seconds(1000)
+
+
+def test_replicas_of_another_judge_revision_are_never_peers() -> None:
+    pods = [serving_pod("a-0", judge="aaa"), serving_pod("a-1", judge="aaa"), serving_pod("b-0", judge="bbb"),
+            serving_pod("b-1", judge="bbb")]
+    ips = {p.name: f"10.0.2.{i}" for i, p in enumerate(pods)}
+    lists = peer_lists(observe(SPEC, pods), ips)
+    assert lists == {"a-0": ("10.0.2.1:8000",), "a-1": ("10.0.2.0:8000",), "b-0": ("10.0.2.3:8000",),
+                     "b-1": ("10.0.2.2:8000",)}

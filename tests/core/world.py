@@ -60,6 +60,7 @@ from genrm_contract.sidecar import DrainPhase, DrainState, answers_ready
 from genrm_operator.api.pool import GenRMPoolSpec, GenRMPoolStatus
 from genrm_operator.core.children import template_revision
 from genrm_operator.core.classify import failure_reason
+from genrm_operator.core.judge import judge_revision
 from genrm_operator.core.model import (
     CreatePod,
     DeletePod,
@@ -133,6 +134,8 @@ class SimPod:
     rewarm_at: float = 0.0
     perturbed: bool = False
     revision: str = ""
+    judge: str = ""
+    """Its judge revision (the spec's when it was created): what it answers."""
     required_product: str = ""
     """The GPU product its node affinity requires (the core's pin when it was created)."""
     node: str = ""
@@ -150,7 +153,8 @@ class SimPod:
         """What this replica answers to the verification probes."""
         if self.perturbed:
             return f"verdict: 3/10 ({self.name})"
-        return f"{GOOD_ANSWER} on {self.product}" if self.product else GOOD_ANSWER
+        good = f"{GOOD_ANSWER} by {self.judge}"  # another judge answers otherwise
+        return f"{good} on {self.product}" if self.product else good
 
     @property
     def ready(self) -> bool:
@@ -173,7 +177,7 @@ class SimPod:
             verification=self.verification,  # type: ignore[arg-type]
             verification_message=self.verification_message, deleting=self.deleting,
             unschedulable=self.unschedulable, restarts=self.restarts, revision=self.revision, node=self.node,
-            cannot_start=self.cannot_start, startup_from=self.started_at,
+            cannot_start=self.cannot_start, startup_from=self.started_at, judge=self.judge,
         )
 
 
@@ -241,6 +245,8 @@ class World:
     endpoints: frozenset[str] = frozenset()
     """The pods the pool Service's EndpointSlices list as ready endpoints: the published Ready pods as
     the EndpointSlice controller last saw them, one step behind the labels and probes."""
+    promote: str = ""
+    """The pool's genrm.io/promote annotation."""
     emptied_steps: int = 0
     """Undisturbed steps in a row that ended with no replica serving while a healthy one that served
     before was kept out of the Service (`check_rescue`)."""
@@ -271,8 +277,9 @@ class World:
         """Requests reach published ready replicas and soft-drained ones (endpoint propagation)."""
         if not pod.warm or not pod.reachable:
             return False
-        state = pod.sidecar.state
-        return state == DrainState.SOFT_DRAIN or (state == DrainState.SERVING and pod.published)
+        state, pin = pod.sidecar.state, self.pinned()
+        return state == DrainState.SOFT_DRAIN or (state == DrainState.SERVING and pod.published
+                                                  and pin in (None, pod.judge))
 
     def arrive(self, pod: SimPod, count: int) -> None:
         if self.accepts_requests(pod):
@@ -421,8 +428,22 @@ class World:
         self.endpoints = self.in_service_now()
 
     def in_service_now(self) -> frozenset[str]:
-        """The pods a client reaches through the Service's selector: published and Ready, not deleted."""
-        return frozenset(p.name for p in self.pods.values() if p.published and p.ready and not p.deleting)
+        """The pods a client reaches through the Service's selector: published and Ready, not deleted,
+        and of the pinned judge revision while the written status pins one (`pinned`)."""
+        pin = self.pinned()
+        return frozenset(p.name for p in self.pods.values() if p.published and p.ready and not p.deleting
+                         and (pin is None or p.judge == pin))
+
+    def pinned(self) -> str | None:
+        """The judge revision the Service selects alone, as the shell applies it from the written
+        status (the world has no Service object: the selector takes effect at once)."""
+        judge, op = self.status.judge, self.status.operation
+        if judge is None:
+            return None
+        if (op is not None and op.type == "JudgeSwitch") or any(
+                p.judge != judge.active for p in self.pods.values() if not p.deleting):
+            return judge.active
+        return None
 
     # ----- observation -------------------------------------------------------------------------
 
@@ -430,7 +451,8 @@ class World:
         if not pod.reachable:
             return None
         sc = pod.sidecar
-        return SidecarView(state=sc.state, inflight=sc.inflight, engine_healthy=pod.warm)
+        return SidecarView(state=sc.state, inflight=sc.inflight, engine_healthy=pod.warm,
+                           idle_from=sc.idle_since if sc.inflight == 0 else None, reason=sc.machine.reason)
 
     def observe(self, lag: bool, unreachable: Iterable[str], spec: tuple[GenRMPoolSpec, int] | None = None) -> Observed:
         """What a step sees; ``spec`` (with its generation) stands in for the pool's when the
@@ -444,7 +466,7 @@ class World:
         return Observed(name=POOL, generation=generation, spec=seen, status=self.status,
                         pods=pods, sidecars=sidecars, now=self.now,
                         gpu_products={n: product for n, product in self.nodes.items() if product},
-                        endpoints=self.endpoints)
+                        endpoints=self.endpoints, promote=self.promote)
 
     # ----- one step ----------------------------------------------------------------------------
 
@@ -487,6 +509,7 @@ class World:
             for action in delivery.sent(not unwritten):
                 self.carry_out(action, obs, plan)
         self.check_after(before, surge)
+        self.check_one_judge()
         self.check_rescue(plan, any(flags.get(f) for f in ("lose", "unwritten", "stale", "lag", "unreachable")),
                           any(ev.kind in ("crash", "sick", "fail", "admin_delete") for ev in events))
         return plan
@@ -530,13 +553,13 @@ class World:
                 pod.published = published
             case Verify(name=name, uid=uid, reference=reference, context=context):
                 self.verify(name, uid, reference, context)
-            case Drain(name=name, drain_id=did, phase=phase):
+            case Drain(name=name, drain_id=did, phase=phase, reason=reason):
                 pod = self.pods.get(name)
                 if pod is None or not pod.reachable or did != drain_id(pod.uid):
                     return
                 sc = pod.sidecar
                 try:
-                    sc.machine = sc.machine.drain(did, DrainPhase(phase), None, self.now, sc.idle_since)
+                    sc.machine = sc.machine.drain(did, DrainPhase(phase), None, self.now, sc.idle_since, reason)
                 except DrainConflict:
                     return  # 409: another drain is in progress
             case Undrain(name=name, drain_id=did):
@@ -576,7 +599,7 @@ class World:
                                           propagation_seconds=float(drain.propagation_seconds)),
                              idle_since=self.now)
         pod = SimPod(name=name, uid=f"uid-{self.uid_counter}", ordinal=ordinal, created_at=self.now,
-                     revision=self.revision, required_product=product, sidecar=sidecar)
+                     revision=self.revision, judge=judge_revision(self.spec), required_product=product, sidecar=sidecar)
         if self.perturb_next:
             self.perturb_next -= 1
             pod.perturbed = True
@@ -733,9 +756,21 @@ class World:
                 raise Violation(f"{entry.id} {entry.type} ended {entry.outcome} ({entry.reason}) blaming "
                                 f"{sorted(blamed & self.deleted_healthy)}, deleted while healthy: {entry.message}")
 
+    def check_one_judge(self) -> None:
+        """The pool's clients never reach two judge revisions at once: whatever the Service lists, and
+        whatever admits requests kept alive on a connection (a soft-draining replica), is one judge."""
+        reached = {self.pods[n].judge for n in self.in_service_now()}
+        reached |= {p.judge for p in self.pods.values() if self.accepts_requests(p)}
+        if len(reached) > 1:
+            raise Violation(f"clients reach judge revisions {sorted(reached)} at once")
+
     def surge_allowance(self, plan: Plan) -> int:
-        """maxSurge while a rollout runs (before or after this step), else 0."""
+        """maxSurge while a rollout runs (before or after this step), the preview's size while a judge
+        switch runs, else 0."""
         ops = (self.status.operation, plan.status.operation)
+        if any(op is not None and op.type == "JudgeSwitch" for op in ops):  # two judges up at once, by design
+            preview = self.spec.judge_update.blue_green.preview_replicas
+            return self.spec.replicas if preview is None else preview
         rolling = any(op is not None and op.type == "Rollout" for op in ops)
         return self.spec.update_strategy.rolling_update.max_surge if rolling else 0
 

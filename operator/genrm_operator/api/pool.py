@@ -7,18 +7,19 @@ from pydantic import Field
 from .autoscaling import AutoscalerStatus, AutoscalingSpec
 from .base import ApiModel, cel, validations
 from .spec import (
-    IMMUTABLE_HINT,
     DisruptionBudgetSpec,
     DrainSpec,
     EngineSpec,
     GatewaySpec,
+    JudgeUpdateSpec,
     ModelSpec,
     ServiceSpec,
     TemplateSpec,
     UpdateStrategySpec,
     VerificationSpec,
+    judge_field_rules,
 )
-from .status import Condition, HistoryEntry, Operation, Placement
+from .status import Condition, HistoryEntry, JudgeStatus, Operation, Placement
 
 GROUP = "genrm.io"
 VERSION = "v1alpha1"
@@ -44,7 +45,7 @@ class GenRMPoolSpec(ApiModel):
 
     model_config = ApiModel.model_config | {
         "json_schema_extra": validations(
-            cel("self.model == oldSelf.model", f"spec.model {IMMUTABLE_HINT}", ".model"),
+            *judge_field_rules(),
             cel("self.engine.port != self.gateway.port && self.engine.port != self.gateway.controlPort",
                 "the engine port must differ from the gateway's ports", ".engine.port"),
             cel("!self.verification.enabled || self.verification.sampling != 'Seeded' || self.engine.deterministic",
@@ -80,6 +81,8 @@ class GenRMPoolSpec(ApiModel):
     """How changes to the pod template (images, resources, env, scheduling) reach existing replicas."""
     paused: bool = False
     """Stop a rolling update between replacements; scaling goes on."""
+    judge_update: JudgeUpdateSpec = Field(default_factory=JudgeUpdateSpec)
+    """How a change of the judge (model, engine image, arguments, seed...) is applied: refused, or blue/green."""
 
 
 class GenRMPoolStatus(ApiModel):
@@ -118,6 +121,8 @@ class GenRMPoolStatus(ApiModel):
     """The last finished operations, newest last."""
     autoscaler: AutoscalerStatus | None = None
     """The built-in autoscaler's memory (recommendation history) and its last decisions."""
+    judge: JudgeStatus | None = None
+    """The judge revision the pool serves, and the others it runs during a judge switch."""
     placement: Placement | None = None
     """The GPU product new replicas are required onto; absent when nothing is pinned (a non-deterministic
     pool without verification, no replica on a labelled node yet, or the user's own selector chooses)."""
@@ -127,4 +132,4 @@ class GenRMPoolStatus(ApiModel):
         phase), ordinals, history, revisions and the autoscaler's memory. Acting on a decision needs
         it written first (a crash must find it); counts and conditions only report what was seen."""
         return (self.operation, self.next_ordinal, self.operation_count, self.history, self.current_revision,
-                self.update_revision, self.autoscaler)
+                self.update_revision, self.autoscaler, self.judge.active if self.judge is not None else "")

@@ -18,7 +18,18 @@ from .base import ApiModel, cel, validations
 
 SGLANG_IMAGE_TAG = "v0.5.23"
 """SGLang's image for the release whose contract the simulator and the tests follow (tests/contract)."""
-IMMUTABLE_HINT = "is immutable in v1alpha1 because it changes what the judge answers; create a new GenRMPool"
+IMMUTABLE_HINT = ("is immutable in v1alpha1 because it changes what the judge answers; create a new GenRMPool, "
+                  "or set spec.judgeUpdate.strategy=BlueGreen to change the judge in place")
+JUDGE_FIELDS = ("model", "engine.image", "engine.command", "engine.args", "engine.extraArgs", "engine.seed",
+                "engine.deterministic", "engine.tensorParallelSize")
+"""The spec fields that change what the judge answers (`core.judge.judge_fields` hashes them): each changes
+only under spec.judgeUpdate.strategy=BlueGreen, as a new judge revision beside the serving one."""
+
+
+def judge_field_rules() -> list[dict[str, str]]:
+    """One transition rule per judge field, on the spec, where the judge-update strategy is visible."""
+    return [cel(f"self.judgeUpdate.strategy == 'BlueGreen' || self.{f} == oldSelf.{f}", f"spec.{f} {IMMUTABLE_HINT}",
+                f".{f}") for f in JUDGE_FIELDS]
 OpaqueObject = dict[str, Any]
 """A Kubernetes core type (EnvVar, Volume, Affinity...) passed through verbatim to the pod."""
 
@@ -118,15 +129,6 @@ class EngineSpec(ApiModel):
                 "gpusPerReplica must be at least tensorParallelSize", ".gpusPerReplica"),
             *_argument_rules("args"),
             *_argument_rules("extraArgs"),
-            cel("self.image == oldSelf.image", f"spec.engine.image {IMMUTABLE_HINT}", ".image"),
-            cel("self.command == oldSelf.command", f"spec.engine.command {IMMUTABLE_HINT}", ".command"),
-            cel("self.args == oldSelf.args", f"spec.engine.args {IMMUTABLE_HINT}", ".args"),
-            cel("self.extraArgs == oldSelf.extraArgs", f"spec.engine.extraArgs {IMMUTABLE_HINT}", ".extraArgs"),
-            cel("self.seed == oldSelf.seed", f"spec.engine.seed {IMMUTABLE_HINT}", ".seed"),
-            cel("self.deterministic == oldSelf.deterministic",
-                f"spec.engine.deterministic {IMMUTABLE_HINT}", ".deterministic"),
-            cel("self.tensorParallelSize == oldSelf.tensorParallelSize",
-                f"spec.engine.tensorParallelSize {IMMUTABLE_HINT}", ".tensorParallelSize"),
         )
     }
 
@@ -361,3 +363,35 @@ class UpdateStrategySpec(ApiModel):
     outdated one drains. OnDelete: replace a replica only when someone deletes it."""
     rolling_update: RollingUpdateSpec = Field(default_factory=RollingUpdateSpec)
     """RollingUpdate's surge and unavailability limits."""
+
+
+PromotionMode = Literal["Manual", "Auto", "IdleGap"]
+
+
+class BlueGreenSpec(ApiModel):
+    """How a new judge revision comes up beside the active one and takes its place."""
+
+    promotion: PromotionMode = "IdleGap"
+    """When the preview revision becomes the active one. Manual: once the pool carries the annotation
+    genrm.io/promote=<preview revision>. Auto: as soon as the preview is ready. IdleGap (default): as soon
+    as it is ready and the active revision has had nothing in flight, nothing held and no demand hint for
+    idleGapSeconds, so no judge phase runs across the switch."""
+    preview_replicas: int | None = Field(None, ge=1, le=10000)
+    """Replicas of the preview revision; default: spec.replicas."""
+    idle_gap_seconds: int = Field(10, ge=1, le=3600)
+    """IdleGap: how long the active revision must be idle before the switch."""
+    scale_down_delay_seconds: int = Field(30, ge=0, le=86400)
+    """How long the previous revision stays up, fenced, after a promotion: reverting the judge fields
+    within it promotes it back without loading a model."""
+
+
+class JudgeUpdateSpec(ApiModel):
+    """How a change of what the judge answers (the model and the engine's judge fields) is applied."""
+
+    strategy: Literal["Refuse", "BlueGreen"] = "Refuse"
+    """Refuse (default): those fields are immutable. BlueGreen: a change brings up a new judge revision
+    beside the active one (preview), and the pool's Service moves to it in one step at promotion; the
+    previous revision's gateways then refuse new requests (503 judgeSwitched), so no client gets answers
+    from two judges within one judge phase."""
+    blue_green: BlueGreenSpec = Field(default_factory=BlueGreenSpec)
+    """BlueGreen's preview size, promotion and scale-down delay."""

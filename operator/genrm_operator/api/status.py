@@ -24,6 +24,7 @@ class OperationType(StrEnum):
     SCALE_OUT = "ScaleOut"
     SCALE_IN = "ScaleIn"
     ROLLOUT = "Rollout"
+    JUDGE_SWITCH = "JudgeSwitch"
 
 
 class OperationPhase(StrEnum):
@@ -37,6 +38,11 @@ class OperationPhase(StrEnum):
     DRAINING = "Draining"
     REMOVING = "Removing"
     PAUSED = "Paused"
+    AWAITING_PROMOTION = "AwaitingPromotion"
+    """A judge switch: the preview revision is ready and waits for its promotion (`BlueGreenSpec.promotion`)."""
+    PROMOTED = "Promoted"
+    """A judge switch: the pool serves the new revision; the previous one stays up, fenced, for the
+    scale-down delay (a revert of the judge fields within it promotes it back at once)."""
     SUCCEEDED = "Succeeded"
     PARTIAL = "Partial"
     FAILED = "Failed"
@@ -50,8 +56,11 @@ TERMINAL_PHASES = frozenset({OperationPhase.SUCCEEDED, OperationPhase.PARTIAL, O
                              OperationPhase.SUPERSEDED})
 ROLLOUT_PHASES = SCALE_OUT_PHASES | SCALE_IN_PHASES | {OperationPhase.PAUSED}
 """A rollout surges (Provisioning, Verifying) and retires outdated replicas like a scale-in; Paused between."""
+JUDGE_SWITCH_PHASES = SCALE_OUT_PHASES | SCALE_IN_PHASES | {OperationPhase.AWAITING_PROMOTION, OperationPhase.PROMOTED}
+"""A judge switch brings the preview up like a scale-out, waits for promotion, then retires the
+previous revision like a scale-in."""
 ACTIVE_PHASES = {OperationType.SCALE_OUT: SCALE_OUT_PHASES, OperationType.SCALE_IN: SCALE_IN_PHASES,
-                 OperationType.ROLLOUT: ROLLOUT_PHASES}
+                 OperationType.ROLLOUT: ROLLOUT_PHASES, OperationType.JUDGE_SWITCH: JUDGE_SWITCH_PHASES}
 """The phases an active operation of each type may be in; a finished one is in history with a terminal phase."""
 Outcome = Literal[OperationPhase.SUCCEEDED, OperationPhase.PARTIAL, OperationPhase.FAILED, OperationPhase.SUPERSEDED]
 """How an operation ended: one of :data:`TERMINAL_PHASES`."""
@@ -118,6 +127,9 @@ class ConditionReason(StrEnum):
     VERIFICATION_BACK_OFF = "VerificationBackOff"
     UNSCHEDULABLE = "Unschedulable"
     CANNOT_START = "ReplicaCannotStart"
+    JUDGE_CHANGED = "JudgeChanged"
+    """The judge fields changed again while a judge switch (or another operation) ran."""
+    AWAITING_PROMOTION = "AwaitingPromotion"
     REPLICA_FAILED = "ReplicaFailed"
     REPLICA_CRASHED = "ReplicaCrashed"
     STARTUP_TIMEOUT = "StartupTimeout"
@@ -129,6 +141,7 @@ class ConditionReason(StrEnum):
     EXTERNAL_WRITE = "ExternalWrite"
     AUTOSCALER_IN_CHARGE = "AutoscalerInCharge"
     ROLLING_OUT = "RollingOut"
+    SWITCHING_JUDGE = "SwitchingJudge"
     ROLLOUT_PAUSED = "RolloutPaused"
     STRATEGY_CHANGED = "StrategyChanged"
     SURGE_BLOCKED = "SurgeBlocked"
@@ -167,6 +180,15 @@ class EventReason(StrEnum):
     ROLLOUT_SUPERSEDED = "RolloutSuperseded"
     ROLLOUT_RETARGETED = "RolloutRetargeted"
     ROLLOUT_BLOCKED = "RolloutBlocked"
+    JUDGE_SWITCH_STARTED = "JudgeSwitchStarted"
+    JUDGE_SWITCH_SUCCEEDED = "JudgeSwitchSucceeded"
+    JUDGE_SWITCH_PARTIAL = "JudgeSwitchPartial"
+    JUDGE_SWITCH_FAILED = "JudgeSwitchFailed"
+    JUDGE_SWITCH_SUPERSEDED = "JudgeSwitchSuperseded"
+    JUDGE_PROMOTED = "JudgePromoted"
+    """The pool's Service moves to another judge revision."""
+    JUDGE_RETIRING = "JudgeRetiring"
+    """The previous judge revision's scale-down delay ended: its replicas drain and go."""
     # Replicas.
     VICTIMS_SELECTED = "VictimsSelected"
     REPLICAS_RETIRING = "ReplicasRetiring"
@@ -297,6 +319,12 @@ class Operation(OperationIdentity):
     """Rollout: the pod template revision every replica moves to."""
     replaced: int = Field(0, ge=0)
     """Rollout: outdated replicas retired so far."""
+    judge_from: str = ""
+    """JudgeSwitch: the judge revision the pool served when it started."""
+    judge_to: str = ""
+    """JudgeSwitch: the judge revision it moves to (the spec's)."""
+    promoted_at: Timestamp | None = None
+    """JudgeSwitch: when judge_to became the active revision (RFC 3339); the scale-down delay counts from here."""
 
     @model_validator(mode="after")
     def _phase_of_type(self) -> Self:
@@ -321,3 +349,30 @@ class HistoryEntry(OperationIdentity):
     """finishedAt - startedAt."""
     forced_drains: int = Field(0, ge=0)
     """Victims deleted after a drain timeout."""
+
+
+JudgeRole = Literal["Active", "Preview", "Retiring"]
+
+
+class JudgeRevisionStatus(ApiModel):
+    """One judge revision with replicas in the pool, and what it is to clients."""
+
+    name: str
+    """The judge revision (`core.judge`): the pods' genrm.io/judge-revision label and every answer's
+    x-genrm-revision."""
+    role: JudgeRole
+    """Active: the pool's Service sends requests to it. Preview: coming up or waiting for promotion,
+    reached by no client of the Service. Retiring: promoted away from; its gateways refuse new requests."""
+    replicas: int = Field(0, ge=0)
+    """Its pods that are not terminating."""
+    serving: int = Field(0, ge=0)
+    """Its pods published and ready (for a preview: verified and ready to take the Service)."""
+
+
+class JudgeStatus(ApiModel):
+    """Which judge the pool serves (`spec.judgeUpdate`)."""
+
+    active: str
+    """The judge revision the pool's Service sends requests to."""
+    revisions: list[JudgeRevisionStatus] = Field(default_factory=list)
+    """Every judge revision with pods, the active one first."""

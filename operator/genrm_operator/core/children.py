@@ -301,11 +301,14 @@ def _owned(api_version: str, kind: str, name: str, pool: str, pool_uid: str, nam
     }
 
 
-def service_manifest(pool: str, pool_uid: str, namespace: str, spec: GenRMPoolSpec) -> Manifest:
-    """Service selecting only published replicas of the pool."""
+def service_manifest(pool: str, pool_uid: str, namespace: str, spec: GenRMPoolSpec,
+                     judge: str | None = None) -> Manifest:
+    """Service selecting only published replicas of the pool, and of judge revision ``judge`` alone when
+    given (while the pool runs two: `judgeswitch.pinned_judge`)."""
+    selector = {POOL_LABEL: pool, PUBLISHED_LABEL: "true"} | ({JUDGE_REVISION_LABEL: judge} if judge else {})
     return _owned("v1", "Service", service_name(pool), pool, pool_uid, namespace, spec={
         "type": spec.service.type,
-        "selector": {POOL_LABEL: pool, PUBLISHED_LABEL: "true"},
+        "selector": selector,
         "ports": [{"name": sidecar.TRAFFIC_PORT_NAME, "port": spec.service.port,
                    "targetPort": sidecar.TRAFFIC_PORT_NAME, "protocol": "TCP"}],
     })

@@ -92,11 +92,12 @@ def select_observed(pool: str, objects: Iterable[Manifest]) -> dict[str, Manifes
 
 
 def desired_children(pool: str, pool_uid: str, namespace: str, spec: GenRMPoolSpec,
-                     token: str) -> dict[str, Manifest]:
-    """The children the spec asks for, by kind (no PodDisruptionBudget when it is disabled)."""
+                     token: str, judge: str | None = None) -> dict[str, Manifest]:
+    """The children the spec asks for, by kind (no PodDisruptionBudget when it is disabled); the
+    Service selects judge revision ``judge`` alone when one is given."""
     wanted = {
         "Secret": secret_manifest(pool, pool_uid, namespace, token),
-        "Service": service_manifest(pool, pool_uid, namespace, spec),
+        "Service": service_manifest(pool, pool_uid, namespace, spec, judge),
     }
     if spec.disruption_budget.enabled:
         wanted["PodDisruptionBudget"] = pdb_manifest(pool, pool_uid, namespace, spec)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from genrm_contract.demand import DemandHint
-from genrm_contract.sidecar import DrainPhase, DrainState
+from genrm_contract.sidecar import DrainPhase, DrainReason, DrainState
 
 from ..api.pool import GenRMPoolSpec, GenRMPoolStatus
 from ..api.status import EventReason
@@ -54,6 +54,9 @@ class PodView:
     """The pod template revision it was made from (empty: made before revisions, so outdated)."""
     node: str = ""
     """The node it is scheduled on (spec.nodeName; empty until scheduled)."""
+    judge: str = ""
+    """Its judge revision (label genrm.io/judge-revision; empty: made before judge revisions, counted
+    as the active one's)."""
 
     @property
     def blocked(self) -> str:
@@ -73,6 +76,8 @@ class SidecarView:
     of the report; None while the replica is busy or was not idle long enough to say so."""
     demand: tuple[DemandHint, ...] = ()
     """The demand hints the gateway was sent and holds."""
+    reason: DrainReason | None = None
+    """Why it is fenced when it is not leaving: a judge switch's held fence (`judgeswitch`)."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,8 @@ class Observed:
     children: ObservedChildren | None = None
     """The pool's Secret, Service and PodDisruptionBudget as watched; None: the step plans no
     children (the core tests' world has none)."""
+    promote: str = ""
+    """The pool's ``genrm.io/promote`` annotation: the judge revision a person promotes (`judgeswitch`)."""
     endpoints: frozenset[str] | None = None
     """The pods the pool Service's EndpointSlices list as ready endpoints (by their ``targetRef``), which
     is what kube-proxy and every client follow (`activation.ready_pods`); None: not watched, and a
@@ -199,11 +206,16 @@ class Verify:
 
 @dataclass(frozen=True)
 class Drain:
-    """Ask a sidecar to soft-drain (still admits, not ready) or fence (refuses new requests)."""
+    """Ask a sidecar to soft-drain (still admits, not ready) or fence (refuses new requests).
+
+    A fence after a judge switch says so (``reason``, and the revision that serves now: ``active``),
+    so the gateway's refusals tell clients the judge changed rather than that a replica is leaving."""
 
     name: str
     drain_id: str
     phase: DrainPhase
+    reason: DrainReason | None = None
+    active: str = ""
 
 
 @dataclass(frozen=True)

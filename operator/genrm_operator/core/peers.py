@@ -9,8 +9,9 @@ whose gateway answers is told the others (a victim still draining may meet a cra
 order of their addresses starting after its own, so that when a pool has more serving replicas
 than a gateway is told (`MAX_PEERS`), the gateways are told different ones and the forwards of a
 crash spread. The serving replicas are sorted once per step and each list is read off them from
-its starting point, so a step costs the same per replica in a pool of any size. Pure: the shell
-passes the pod IPs in and delivers the lists (`shell.peers`).
+its starting point, so a step costs the same per replica in a pool of any size. Replicas of
+different judge revisions are never each other's peers: a forwarded request must get the same
+judge's verdict (`judgeswitch`). Pure: the shell passes the pod IPs in and delivers the lists (`shell.peers`).
 """
 
 from __future__ import annotations
@@ -42,16 +43,19 @@ def peer_lists(obs: Observed, ips: Mapping[str, str]) -> dict[str, tuple[str, ..
         except ValueError:
             continue
     # One replica per address: two pods reporting one IP (one of them stale) would name it twice.
-    serving_by_address = {
-        addresses[pod.name]: pod.name for pod in obs.pods
-        if (pod.published or pod.ever_published) and pod.ready and not pod.deleting and pod.name in addresses
-        and (view := obs.sidecars.get(pod.name)) is not None
-        and view.state in ADMITTING_STATES and view.engine_healthy}
-    serving = sorted(serving_by_address)
+    # Peers answer as their own judge: a gateway is told only replicas of its own judge revision.
+    serving_by_judge: dict[str, dict[str, str]] = {}
+    for pod in obs.pods:
+        if (pod.published or pod.ever_published) and pod.ready and not pod.deleting and pod.name in addresses \
+                and (view := obs.sidecars.get(pod.name)) is not None \
+                and view.state in ADMITTING_STATES and view.engine_healthy:
+            serving_by_judge.setdefault(pod.judge, {})[addresses[pod.name]] = pod.name
+    sorted_by_judge = {judge: sorted(by_address) for judge, by_address in serving_by_judge.items()}
     lists: dict[str, tuple[str, ...]] = {}
     for pod in obs.pods:
         if pod.deleting or pod.name not in addresses or obs.sidecars.get(pod.name) is None:
             continue
+        serving = sorted_by_judge.get(pod.judge, [])
         own = addresses[pod.name]
         start = bisect.bisect_right(serving, own)
         rotated = (serving[(start + i) % len(serving)] for i in range(len(serving)))

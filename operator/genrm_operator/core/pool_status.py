@@ -19,12 +19,14 @@ from .backoff import BackOff, back_off
 from .childrenplan import CHILD_FAILED
 from .classify import Role
 from .conditions import set_condition
+from .judgeswitch import judge_status
 from .names import selector
 from .step import WARNING_OUTCOMES, Step, counts, failure_detail, failure_text, in_service, role, victim_names
 
 PROGRESSING_REASONS = {OperationType.SCALE_OUT: ConditionReason.SCALING_OUT,
                        OperationType.SCALE_IN: ConditionReason.SCALING_IN,
-                       OperationType.ROLLOUT: ConditionReason.ROLLING_OUT}
+                       OperationType.ROLLOUT: ConditionReason.ROLLING_OUT,
+                       OperationType.JUDGE_SWITCH: ConditionReason.SWITCHING_JUDGE}
 
 
 def next_status(s: Step, op: Operation | None, scaling: Scaling) -> GenRMPoolStatus:
@@ -63,6 +65,7 @@ def next_status(s: Step, op: Operation | None, scaling: Scaling) -> GenRMPoolSta
         conditions=[*conds, *scaling.conditions],
         autoscaler=scaling.status,
         placement=s.placement,
+        judge=judge_status(s, op),
         operation=op,
         operation_count=s.op_count,
         history=s.history,

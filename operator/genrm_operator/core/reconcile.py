@@ -47,6 +47,7 @@ from .children import owner_reference
 from .childrenplan import ChildAction, desired_children, plan_children
 from .classify import Replica, Role
 from .clock import stamp
+from .judgeswitch import advance_judge_switch, judge_of, pinned_judge, start_fields, switch_needed
 from .model import Drain, Observed, Plan, SetPublished, Undrain
 from .names import drain_id
 from .pool_status import next_status
@@ -83,9 +84,12 @@ def reconcile(obs: Observed) -> Plan:
         op = advance_scale_out(s, op)
     elif op is not None and op.type is OperationType.SCALE_IN:
         op = advance_scale_in(s, op)
+    elif op is not None and op.type is OperationType.JUDGE_SWITCH:
+        op = advance_judge_switch(s, op)
     elif op is not None:
         op = advance_rollout(s, op)
-    scaling = autoscale(obs, s.replicas)
+    # The autoscaler sizes what clients reach: a preview's idle replicas would dilute its signal.
+    scaling = autoscale(obs, [r for r in s.replicas if judge_of(s, r) == s.active_judge])
     return Plan(status=next_status(s, op, scaling), actions=tuple(s.actions),
                 events=(*s.events, *scaling.events), decision=scaling.decision, children=plan_pool_children(obs))
 
@@ -96,7 +100,7 @@ def plan_pool_children(obs: Observed) -> tuple[ChildAction, ...]:
     c = obs.children
     if c is None:
         return ()
-    desired = desired_children(obs.name, c.pool_uid, c.namespace, obs.spec, c.token)
+    desired = desired_children(obs.name, c.pool_uid, c.namespace, obs.spec, c.token, pinned_judge(obs))
     if c.activator is not None and activation.wants_activator(obs, activation.serving_addresses(obs.name, c.slices)):
         desired["EndpointSlice"] = activation.slice_manifest(obs.name, c.pool_uid, c.namespace, c.activator,
                                                              owner_reference(obs.name, c.pool_uid))
@@ -136,11 +140,12 @@ def clean_up_outside_operations(s: Step, op: Operation | None) -> None:
             s.actions.append(SetPublished(pod.name, pod.uid, False))
         if pod.name in victims:
             continue
-        if r.role is Role.SERVING and r.sidecar is not None \
+        if r.role is Role.SERVING and r.sidecar is not None and judge_of(s, r) == s.active_judge \
                 and r.sidecar.state in (DrainState.SOFT_DRAIN, DrainState.FENCED):
             # Published and no victim, yet draining: a victim given back or put back whose undrain
             # was lost (its operation superseded before it landed). Only the operator's own drain id
-            # is undone; a drain under another (the gateway's preStop) refuses it.
+            # is undone; a drain under another (the gateway's preStop) refuses it. Another judge
+            # revision's fence is the switch's (`judgeswitch`), not a lost undrain.
             s.actions.append(Undrain(pod.name, drain_id(pod.uid)))
         if r.role is Role.FAILED:
             retire_failed(s, r)
@@ -176,7 +181,20 @@ def retire_failed(s: Step, r: Replica) -> None:
 
 
 def supersede_if_target_changed(s: Step, op: Operation | None) -> Operation | None:
+    """End ``op`` when what it works toward changed: the replica count (a judge switch follows it
+    instead), the judge (another revision than the switch's, or any while another operation runs:
+    its creates would be of the new judge), or the update strategy under a rollout."""
     if op is None:
+        return None
+    if op.type is OperationType.JUDGE_SWITCH:
+        if op.judge_to != s.judge:
+            finish(s, op, OperationPhase.SUPERSEDED, ConditionReason.JUDGE_CHANGED,
+                   f"the spec's judge revision changed to {s.judge}")
+            return None
+        return op
+    if s.judge != s.active_judge:
+        finish(s, op, OperationPhase.SUPERSEDED, ConditionReason.JUDGE_CHANGED,
+               f"the spec's judge revision changed to {s.judge}")
         return None
     if op.to != s.desired:
         finish(s, op, OperationPhase.SUPERSEDED, ConditionReason.TARGET_CHANGED,
@@ -190,6 +208,8 @@ def supersede_if_target_changed(s: Step, op: Operation | None) -> Operation | No
 
 
 def maybe_start_operation(s: Step) -> Operation | None:
+    if switch_needed(s):
+        return start(s, OperationType.JUDGE_SWITCH, counts(s, None)[0])
     serving, starting, draining = counts(s, None)
     backoff = create_backoff(s.history, s.now)
     publishable = any(awaits_publication(r) for r in role(s, Role.STARTING))
@@ -211,12 +231,14 @@ def start(s: Step, type_: OperationType, serving: int) -> Operation:
     added = s.carried if type_ is not OperationType.SCALE_IN else []
     if type_ is OperationType.SCALE_OUT:
         added = [*added, *adopted(s, {a.name for a in added})]
-    detail = f" to revision {s.revision}" if type_ is OperationType.ROLLOUT else ""
+    detail = f" to revision {s.revision}" if type_ is OperationType.ROLLOUT else \
+        f" from judge revision {s.active_judge} to {s.judge}" if type_ is OperationType.JUDGE_SWITCH else ""
     emit(s, EventReason.operation(type_, "Started"), f"op-{s.op_count} {type_} {serving}->{s.desired}{detail}")
     return Operation(
         id=f"op-{s.op_count}", type=type_, from_=serving, to=s.desired, phase=OperationPhase.PENDING,
         started_at=now, last_transition_time=now, added_pods=added,
         revision=s.revision if type_ is OperationType.ROLLOUT else "",
+        **(start_fields(s) if type_ is OperationType.JUDGE_SWITCH else {}),
     )
 
 

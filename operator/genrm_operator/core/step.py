@@ -27,6 +27,7 @@ from . import placement
 from .children import template_revision
 from .classify import Replica, Role, classify
 from .clock import stamp
+from .judge import judge_revision
 from .model import Action, DeletePod, Event, Observed, PodView
 
 NEVER_SERVED_GRACE_SECONDS = 2
@@ -65,6 +66,11 @@ class Step:
     """The pool's pods with their roles (`classify`), in the order observed."""
     revision: str
     """The current pod template's revision: pods with another one are outdated."""
+    judge: str
+    """The spec's judge revision (`judge.judge_revision`): what new replicas answer."""
+    active_judge: str
+    """The judge revision the pool's Service serves (``status.judge``; the spec's for a pool without
+    one); a promotion in this step moves it (`judgeswitch`)."""
     next_ordinal: int
     placement: Placement | None
     """The GPU product new replicas are required onto, if any (`placement.choose`)."""
@@ -107,8 +113,10 @@ def begin(obs: Observed) -> Step:
     replicas = classify(obs.pods, obs.sidecars, obs.now, float(spec.engine.startup_timeout_seconds))
     ordinals = [o for r in replicas if (o := ordinal_of(obs.name, r.pod.name)) is not None]
     pin = placement.choose(spec, replicas, obs.gpu_products)
+    judge = judge_revision(spec)
     return Step(
-        obs=obs, replicas=replicas, revision=template_revision(obs.name, spec),
+        obs=obs, replicas=replicas, revision=template_revision(obs.name, spec), judge=judge,
+        active_judge=status.judge.active if status.judge is not None else judge,
         next_ordinal=max([status.next_ordinal, *(o + 1 for o in ordinals)]), placement=pin,
         misplaced={r.pod.name for r in replicas if pin is not None and placement.misplaced(r, pin, obs.gpu_products)},
         op_count=status.operation_count, history=list(status.history),

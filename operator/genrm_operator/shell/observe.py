@@ -9,6 +9,7 @@ from ..api.base import parse_time
 from ..core.model import PodView, Verification
 from ..core.names import (
     EVER_PUBLISHED_ANNOTATION,
+    JUDGE_REVISION_LABEL,
     PUBLISHED_LABEL,
     REVISION_LABEL,
     VERIFICATION_ANNOTATION,
@@ -80,6 +81,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         restarts=sum(int(c.get("restartCount", 0)) for c in status.get("containerStatuses") or []),
         resource_version=meta.get("resourceVersion", ""),
         revision=labels.get(REVISION_LABEL, ""),
+        judge=labels.get(JUDGE_REVISION_LABEL, ""),
         node=str((pod.get("spec") or {}).get("nodeName") or ""),
     )
 

@@ -34,6 +34,7 @@ from ..core import activation
 from ..core.autoscale import reported_hints
 from ..core.childrenplan import CHILD_FAILED
 from ..core.model import REPORT_DELAY_SECONDS, Event, Observed, deliver
+from ..core.names import PROMOTE_ANNOTATION
 from ..core.peers import peer_lists
 from ..core.reconcile import reconcile
 from ..core.retry import Failure, Failures, failed_status
@@ -227,7 +228,8 @@ class PoolReconciler:
         views = self.observer.pod_views(pods)
         published = [v.name for v in views if v.published and not v.deleting]
         sidecars = await self.watch.views(endpoints)
-        annotation = (meta.get("annotations") or {}).get(DEMAND_ANNOTATION)
+        annotations = meta.get("annotations") or {}
+        annotation = annotations.get(DEMAND_ANNOTATION)
         key = pool_key(self.namespace, self.name)
         held = self.activators.held(key) if self.activators is not None else 0
         relayed = self.activators.hints(key) if self.activators is not None else ()
@@ -238,6 +240,7 @@ class PoolReconciler:
             pods=views, sidecars=sidecars, now=time.time(), child_errors=child_errors, demand_annotation=annotation,
             gpu_products=self.observer.products({v.node for v in views if v.node}), children=children, held=held,
             relayed_hints=relayed, endpoints=activation.ready_pods(self.name, children.slices),
+            promote=str(annotations.get(PROMOTE_ANNOTATION, "")),
         )
         # A hint not seen before, or a request held at zero, makes the decision due now: the load is
         # on its way, or already here.

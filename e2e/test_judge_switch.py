@@ -1,0 +1,183 @@
+"""Judge switches on the local cluster, under step-structured load from unmodified clients.
+
+A trainer's judge load comes in steps: a burst of verdicts, then the training step itself, when the
+judge is idle. Twenty steps run here, each a burst from the unmodified ``openai`` client (chat
+completions, default settings and retries) and from one ``requests`` session (``/generate``, kept
+alive across steps), both through the pool's ClusterIP, separated by idle gaps. The judge changes
+three times, blue/green:
+
+* mid-step, promoted at the next idle gap (``IdleGap``);
+* mid-gap, promoted at a later gap;
+* with a ``Manual`` promotion (the annotation), the operator SIGKILLed right after it, then a
+  rollback: the previous judge fields again within the scale-down delay, promoted back by annotation.
+
+The simulator's answers depend on the model (each judge revision has its own deterministic verdict
+function), every answer carries the revision in ``x-genrm-revision`` and SGLang's ``weight_version``
+in its body, so mixing would show. Invariants: every step's verdicts carry exactly one revision, by
+both marks; nothing is lost; under ``IdleGap`` no promotion falls inside a step. The last line:
+``judge-switch-e2e: steps=S mixed_steps=M lost=L promotions=P rollbacks=R``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import openai
+import pytest
+import requests
+
+from .harness import Cluster, OperatorProcess, pool_manifest, wait_for
+
+POOL = "switch"
+STEPS = 20
+PER_CLIENT = 12
+"""Verdicts per client per step."""
+GAP_SECONDS = 3.0
+"""The idle gap between two steps: longer than the pool's idleGapSeconds (1)."""
+REVISION_HEADER = "x-genrm-revision"
+
+pytestmark = pytest.mark.timeout(900)
+
+
+@dataclass
+class Step:
+    number: int
+    started: float = 0.0
+    ended: float = 0.0
+    revisions: set[str] = field(default_factory=set)
+    """Judge revisions of the step's verdicts, from the header and from the body alike."""
+    verdicts: int = 0
+    failures: list[str] = field(default_factory=list)
+
+
+def _openai_verdict(client: openai.OpenAI, model: str, step: int, i: int) -> set[str]:
+    raw = client.chat.completions.with_raw_response.create(
+        model=model, messages=[{"role": "user", "content": f"step {step} candidate {i}: is 2+2=4?"}],
+        max_tokens=8, temperature=0)
+    body = raw.http_response.json()
+    return {raw.headers.get(REVISION_HEADER, "-"), str((body.get("metadata") or {}).get("weight_version", "-"))}
+
+
+def _requests_verdict(session: requests.Session, url: str, step: int, i: int) -> set[str]:
+    answer = session.post(f"{url}/generate", json={"text": f"step {step} candidate {i}: is 2+2=4?",
+                                                   "sampling_params": {"max_new_tokens": 8, "temperature": 0}},
+                          timeout=30)
+    answer.raise_for_status()
+    meta = answer.json().get("meta_info") or {}
+    return {answer.headers.get(REVISION_HEADER, "-"), str(meta.get("weight_version", "-"))}
+
+
+def _run_step(step: Step, url: str, model: str, client: openai.OpenAI, session: requests.Session,
+              pool: ThreadPoolExecutor, session_lock: threading.Lock) -> None:
+    def locked_requests(i: int) -> set[str]:
+        with session_lock:  # one kept-alive connection, as a trainer's single session has
+            return _requests_verdict(session, url, step.number, i)
+    step.started = time.time()
+    futures = [pool.submit(_openai_verdict, client, model, step.number, i) for i in range(PER_CLIENT)]
+    futures += [pool.submit(locked_requests, i) for i in range(PER_CLIENT)]
+    for future in futures:
+        try:
+            step.revisions |= future.result()
+            step.verdicts += 1
+        except Exception as exc:  # noqa: BLE001 - every failure is counted and shown
+            step.failures.append(f"{type(exc).__name__}: {exc}")
+    step.ended = time.time()
+
+
+def _patch(cluster: Cluster, namespace: str, spec: dict[str, Any]) -> None:
+    cluster.kubectl("patch", "genrmpool", POOL, "-n", namespace, "--type", "merge", "-p", json.dumps({"spec": spec}))
+
+
+def _status(cluster: Cluster, namespace: str) -> dict[str, Any]:
+    return dict(cluster.pool(namespace, POOL).get("status") or {})
+
+
+def _active(cluster: Cluster, namespace: str) -> str:
+    return str((_status(cluster, namespace).get("judge") or {}).get("active") or "")
+
+
+def _switches(cluster: Cluster, namespace: str) -> list[dict[str, Any]]:
+    return [h for h in _status(cluster, namespace).get("history") or [] if h["type"] == "JudgeSwitch"]
+
+
+def _promotion_events(cluster: Cluster, namespace: str) -> list[tuple[float, str]]:
+    out = cluster.kubectl("get", "events", "-n", namespace, "--field-selector",
+                          f"involvedObject.name={POOL},reason=JudgePromoted", "-o", "json")
+    events = json.loads(out)["items"]
+    return sorted((datetime.fromisoformat((e.get("eventTime") or e.get("lastTimestamp") or e["firstTimestamp"])
+                                          .replace("Z", "+00:00")).timestamp(), e["message"]) for e in events)
+
+
+def test_twenty_steps_three_judge_changes_and_a_rollback_never_mix_a_step(
+    cluster: Cluster, operator: OperatorProcess, namespace: str
+) -> None:
+    judge_update = {"strategy": "BlueGreen",
+                    "blueGreen": {"promotion": "IdleGap", "idleGapSeconds": 1, "scaleDownDelaySeconds": 3}}
+    cluster.kubectl("apply", "-f", "-", input=pool_manifest(POOL, namespace, replicas=2, judgeUpdate=judge_update))
+    pool = cluster.wait_serving(namespace, POOL, 2)
+    url = cluster.service_answering(namespace, POOL)
+    model = pool["spec"]["model"]["path"]
+    first = _active(cluster, namespace)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")  # default retries and timeouts
+    session, session_lock = requests.Session(), threading.Lock()
+    steps: list[Step] = []
+    rollbacks = 0
+    with ThreadPoolExecutor(max_workers=8) as workers:
+        for n in range(STEPS):
+            step = Step(n)
+            if n == 3:  # mid-step: promoted at the next idle gap
+                changer = threading.Timer(0.2, _patch, (cluster, namespace, {"model": {"path": "sim/judge-v2"}}))
+                changer.start()
+                _run_step(step, url, model, client, session, workers, session_lock)
+                changer.join()
+            else:
+                _run_step(step, url, model, client, session, workers, session_lock)
+            steps.append(step)
+            if n == 8:  # mid-gap
+                _patch(cluster, namespace, {"model": {"path": "sim/judge-v3"}})
+            if n == 13:  # a manual promotion with the operator SIGKILLed under it, then a rollback
+                before = _active(cluster, namespace)
+                _patch(cluster, namespace, {"judgeUpdate": {"blueGreen": {"promotion": "Manual",
+                                                                            "scaleDownDelaySeconds": 120}},
+                                            "model": {"path": "sim/judge-v4"}})
+                waiting = wait_for("the preview to await its promotion", lambda: (
+                    op if (op := _status(cluster, namespace).get("operation") or {}).get("phase")
+                    == "AwaitingPromotion" else None), 120, interval=0.2)
+                cluster.kubectl("annotate", "genrmpool", POOL, "-n", namespace,
+                                f"genrm.io/promote={waiting['judgeTo']}", "--overwrite")
+                operator.kill()
+                time.sleep(1)
+                operator.start()
+                wait_for("the manual promotion", lambda: _active(cluster, namespace) == waiting["judgeTo"], 60)
+            if n == 16:  # roll back within the scale-down delay: the previous revision, still fenced, comes back
+                _patch(cluster, namespace, {"model": {"path": "sim/judge-v3"}})
+                back = wait_for("the switch back to await its promotion", lambda: (
+                    op if (op := _status(cluster, namespace).get("operation") or {}).get("judgeTo") == before
+                    and op.get("phase") == "AwaitingPromotion" else None), 60, interval=0.2)
+                cluster.kubectl("annotate", "genrmpool", POOL, "-n", namespace,
+                                f"genrm.io/promote={back['judgeTo']}", "--overwrite")
+                wait_for("the rollback", lambda: _active(cluster, namespace) == before, 30)
+                rollbacks += 1
+            time.sleep(GAP_SECONDS)
+    wait_for("the last switch to end", lambda: not _status(cluster, namespace).get("operation"), 180)
+    lost = sum(len(s.failures) for s in steps)
+    mixed = [s for s in steps if len(s.revisions) != 1]
+    promotions = _promotion_events(cluster, namespace)
+    print(f"\njudge-switch-e2e: steps={len(steps)} mixed_steps={len(mixed)} lost={lost} "
+          f"promotions={len(promotions)} rollbacks={rollbacks}", flush=True)
+    assert not mixed, [(s.number, sorted(s.revisions)) for s in mixed]
+    assert lost == 0, [(s.number, s.failures[:3]) for s in steps if s.failures]
+    assert len({next(iter(s.revisions)) for s in steps}) == 4 and next(iter(steps[0].revisions)) == first
+    # Idle-gap promotions (the first two switches) fall between steps, never inside one.
+    for at, message in promotions[:2]:
+        inside = [s.number for s in steps if s.started <= at <= s.ended]
+        assert not inside, f"{message} at {at:.2f} falls inside step(s) {inside}"
+    assert len(promotions) == 4, promotions
+    outcomes = [h["outcome"] for h in _switches(cluster, namespace)]
+    assert outcomes.count("Succeeded") >= 3 and "Superseded" in outcomes, outcomes
