@@ -15,7 +15,8 @@ from __future__ import annotations
 import time
 
 from genrm_contract.peers import MAX_PEERS, PeersDocument
-from genrm_contract.sidecar import DrainState
+from genrm_contract.sidecar import DrainReason, DrainState
+from genrm_operator.api.pool import GenRMPoolStatus
 from genrm_operator.core.peers import peer_lists
 from hypothesis import given
 from hypothesis import strategies as st
@@ -109,3 +110,14 @@ def test_replicas_of_another_judge_revision_are_never_peers() -> None:
     lists = peer_lists(observe(SPEC, pods), ips)
     assert lists == {"a-0": ("10.0.2.1:8000",), "a-1": ("10.0.2.0:8000",), "b-0": ("10.0.2.3:8000",),
                      "b-1": ("10.0.2.2:8000",)}
+
+
+def test_a_gateway_fenced_for_a_judge_switch_is_told_the_active_revisions_replicas() -> None:
+    pods = [serving_pod("old-0", judge="aaa"), serving_pod("new-0", judge="bbb"), serving_pod("new-1", judge="bbb")]
+    sidecars = {p.name: serving_sidecar() for p in pods}
+    sidecars["old-0"] = serving_sidecar(state=DrainState.FENCED, reason=DrainReason.JUDGE_SWITCHED)
+    ips = {p.name: f"10.0.3.{i}" for i, p in enumerate(pods)}
+    status = GenRMPoolStatus.model_validate({"judge": {"active": "bbb"}})
+    lists = peer_lists(observe(SPEC, pods, sidecars, status=status), ips)
+    assert sorted(lists["old-0"]) == ["10.0.3.1:8000", "10.0.3.2:8000"]
+    assert lists["new-0"] == ("10.0.3.2:8000",) and lists["new-1"] == ("10.0.3.1:8000",)
