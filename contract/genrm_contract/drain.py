@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from genrm_contract.sidecar import PROPAGATION_SECONDS, QUIET_SECONDS, DrainPhase, DrainState
+from genrm_contract.sidecar import PROPAGATION_SECONDS, QUIET_SECONDS, DrainPhase, DrainReason, DrainState
 
 ADMITTING = frozenset({DrainState.SERVING, DrainState.SOFT_DRAIN})
 """States in which new requests are admitted (fenced and drained replicas refuse them)."""
@@ -46,6 +46,10 @@ class DrainMachine:
     """When the deferred fence of such a call comes due (None: no fence is pending)."""
     fenced_at: float | None = None
     """When the replica fenced (for a deferred fence, the time it came due)."""
+    reason: DrainReason | None = None
+    """Why the drain in progress was asked for, when a call of it said (``DrainRequest.reason``)."""
+    active_revision: str | None = None
+    """The judge revision serving the pool now, told with a ``judgeSwitched`` reason."""
 
     def at(self, now: float, idle_since: float | None) -> DrainMachine:
         """Time passed: a deferred fence comes due, and Fenced turns into Drained (for good) once
@@ -58,8 +62,13 @@ class DrainMachine:
         return machine
 
     def drain(self, drain_id: str, phase: DrainPhase, quiet_seconds: float | None, now: float,
-              idle_since: float | None) -> DrainMachine:
-        """A drain call (``POST /v1/drain``); raises :class:`DrainConflict` for another drain id."""
+              idle_since: float | None, reason: DrainReason | None = None,
+              active_revision: str | None = None) -> DrainMachine:
+        """A drain call (``POST /v1/drain``); raises :class:`DrainConflict` for another drain id.
+
+        A call that names a ``reason`` sets it and ``active_revision``; one that names none leaves
+        them: the calls of one drain id are retries and later phases of one drain, and an operator
+        that gave its reason at the soft drain need not repeat it at the fence."""
         machine = self.at(now, idle_since)
         if machine.state is not DrainState.SERVING and drain_id != machine.drain_id:
             raise DrainConflict(f"already draining under drain id {machine.drain_id!r}")
@@ -74,9 +83,12 @@ class DrainMachine:
         elif phase is DrainPhase.SOFT and state is DrainState.SERVING:
             state = DrainState.SOFT_DRAIN
         quiet = machine.quiet_seconds if quiet_seconds is None else quiet_seconds
+        if reason is None:
+            reason, active_revision = machine.reason, machine.active_revision
         # Fenced by this call, a replica idle long enough is Drained at once.
         return dataclasses.replace(machine, state=state, drain_id=drain_id, quiet_seconds=quiet, fence_at=fence_at,
-                                   fenced_at=fenced_at).at(now, idle_since)
+                                   fenced_at=fenced_at, reason=reason,
+                                   active_revision=active_revision).at(now, idle_since)
 
     def undrain(self, drain_id: str, now: float, idle_since: float | None) -> DrainMachine:
         """An undrain call (``POST /v1/undrain``): back to Serving; raises :class:`DrainConflict`
@@ -88,7 +100,8 @@ class DrainMachine:
             raise DrainConflict("the replica is drained; it cannot serve again")
         if drain_id != machine.drain_id:
             raise DrainConflict(f"the drain in progress has drain id {machine.drain_id!r}")
-        return dataclasses.replace(machine, state=DrainState.SERVING, drain_id=None, fence_at=None, fenced_at=None)
+        return dataclasses.replace(machine, state=DrainState.SERVING, drain_id=None, fence_at=None, fenced_at=None,
+                                   reason=None, active_revision=None)
 
     def next_change(self, idle_since: float | None) -> float | None:
         """When the state next changes with time alone (a deferred fence, Drained), or None."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from genrm_contract.drain import DrainConflict, DrainMachine
-from genrm_contract.sidecar import DrainPhase, DrainState
+from genrm_contract.sidecar import DrainPhase, DrainReason, DrainState
 
 SERVING, SOFT, FENCED, DRAINED = DrainState.SERVING, DrainState.SOFT_DRAIN, DrainState.FENCED, DrainState.DRAINED
 
@@ -65,3 +65,27 @@ def test_undrain_returns_to_serving_until_drained() -> None:
     with pytest.raises(DrainConflict):
         drained.undrain("d", now=9.0, idle_since=6.0)
     assert drained.drain("d", DrainPhase.SOFT, None, now=9.0, idle_since=6.0).state is DRAINED  # final
+
+
+def test_a_reason_lands_with_any_call_of_its_drain_and_stays_until_undrained() -> None:
+    """Why a drain was asked for (a judge switch) is set by the call that names it, soft or fence, first
+    or later, and kept by the drain's other calls (retries and later phases name none); a call of
+    another drain changes nothing, Drained keeps it, and an undrain clears it."""
+    switched = DrainReason.JUDGE_SWITCHED
+    m = machine().drain("d", DrainPhase.SOFT, None, now=1.0, idle_since=None)
+    assert (m.reason, m.active_revision) == (None, None)
+    fenced = m.drain("d", DrainPhase.FENCE, None, now=2.0, idle_since=None, reason=switched, active_revision="b2")
+    assert (fenced.state, fenced.reason, fenced.active_revision) == (FENCED, switched, "b2")
+    assert fenced.drain("d", DrainPhase.FENCE, None, now=3.0, idle_since=None) == fenced
+    assert fenced.drain("d", DrainPhase.FENCE, None, now=3.0, idle_since=None, reason=switched,
+                        active_revision="b2") == fenced
+    with pytest.raises(DrainConflict):
+        fenced.drain("other", DrainPhase.FENCE, None, now=3.0, idle_since=None, reason=switched, active_revision="c3")
+    drained = fenced.at(9.0, 4.0)
+    assert (drained.state, drained.reason, drained.active_revision) == (DRAINED, switched, "b2")
+    back = fenced.undrain("d", now=4.0, idle_since=None)
+    assert (back.state, back.reason, back.active_revision) == (SERVING, None, None)
+    # Given with the first call, a fence while serving: it holds through the deferred fence.
+    first = machine().drain("e", DrainPhase.FENCE, None, now=0.0, idle_since=None, reason=switched)
+    assert (first.state, first.reason, first.active_revision) == (SOFT, switched, None)
+    assert first.at(6.0, None).reason is switched
