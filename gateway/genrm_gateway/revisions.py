@@ -21,7 +21,7 @@ from starlette.types import Scope, Send
 from genrm_gateway.errors import Refusal, send_json
 
 REVISION = REVISION_HEADER.encode()
-_REVISION = re.compile(JUDGE_REVISION_PATTERN.encode())
+_WELL_FORMED = re.compile(JUDGE_REVISION_PATTERN.encode())
 
 
 class Revisions:
@@ -38,11 +38,12 @@ class Revisions:
 
     def pinned(self, headers: list[tuple[bytes, bytes]]) -> bytes | None:
         """A request's pin, checked: None without one; a 400 for a malformed or repeated one (it goes
-        into this gateway's answers and a peer's request); a 409 when it is not this replica's revision."""
+        into this gateway's answers and a peer's request); a 409 when it is not this replica's revision
+        (any pin, on a gateway given no revision: it can vouch for none)."""
         pin: bytes | None = None
         for name, value in headers:
             if name == REVISION:
-                if pin is not None or _REVISION.fullmatch(value) is None:
+                if pin is not None or _WELL_FORMED.fullmatch(value) is None:
                     raise Refusal(400, RefusalReason.INVALID_HEADER,
                                   f"{REVISION_HEADER} is one judge revision, matching {JUDGE_REVISION_PATTERN}")
                 pin = value
