@@ -259,6 +259,16 @@ def test_a_hostile_or_unauthenticated_revisions_push_changes_nothing(
     assert revision_document(blue) == before == {"revision": BLUE, "active": BLUE, "preview": None, "role": "active"}
 
 
+@pytest.mark.parametrize("extra", [{"reason": "bored"}, {"activeRevision": GREEN},
+                                   {"reason": "judgeSwitched", "activeRevision": "4b1e 9d0c7a"},
+                                   {"reason": "judgeSwitched", "activeRevision": "4b1e\r\nx-injected: 1"}])
+def test_a_drain_with_a_hostile_reason_is_a_400_and_drains_nothing(blue: Stack, extra: dict[str, str]) -> None:
+    answer = blue.drain("genrm/blue-0", "fence", **extra)
+    assert error(answer)[:2] == (400, RefusalReason.BAD_REQUEST)
+    state = blue.state()
+    assert state["state"] == "Serving" and state["drainId"] is None and "drainReason" not in state
+
+
 def crash_engine(stack: Stack) -> None:
     stack.sim.process.kill()
     stack.sim.process.wait()
