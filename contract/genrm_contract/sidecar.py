@@ -206,9 +206,8 @@ class RefusalReason(enum.StrEnum):
 
 RETRYABLE_REASONS: Mapping[RefusalReason, int] = MappingProxyType({
     RefusalReason.DRAINING: 1, RefusalReason.JUDGE_SWITCHED: 1, RefusalReason.ENGINE_UNAVAILABLE: 1,
-    RefusalReason.TOO_MANY_CONNECTIONS: 1,
-    RefusalReason.TOO_MANY_PIPELINED: 1, RefusalReason.HOLD_QUEUE_FULL: 1, RefusalReason.POOL_REMOVED: 1,
-    RefusalReason.HOLD_TIMEOUT: 5,
+    RefusalReason.TOO_MANY_CONNECTIONS: 1, RefusalReason.TOO_MANY_PIPELINED: 1, RefusalReason.HOLD_QUEUE_FULL: 1,
+    RefusalReason.POOL_REMOVED: 1, RefusalReason.HOLD_TIMEOUT: 5,
 })
 """The refusals a client may send again, unchanged, and the ``Retry-After`` (seconds) each carries.
 Each comes before any engine work (nothing was judged), and another replica, or the same pool a
@@ -371,8 +370,8 @@ class StateDocument(_Document):
         anything is still in flight, whether any client is connected (the operator balances only
         pools that have clients), whether the replica is idle (scale to zero), its demand hints and
         the drain's reason (a reason given to a replica already fenced is a change the operator waits
-        for). Load figures change all the time and are not part of it; idleness changes at most twice per
-        quiet spell, since it needs :data:`IDLE_REPORT_SECONDS` without a request to become true."""
+        for). Load figures change all the time and are not part of it; idleness changes at most twice
+        per quiet spell, since it needs :data:`IDLE_REPORT_SECONDS` without a request to become true."""
         fenced_busy = self.inflight > 0 if self.state is DrainState.FENCED else None
         return (self.state, self.drain_id, self.engine.up, self.engine.healthy, fenced_busy,
                 bool(self.client_connections), self.idle, tuple(self.demand), self.drain_reason)
