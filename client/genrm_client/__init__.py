@@ -27,6 +27,7 @@ from genrm_client.errors import (
     JudgeUnavailable,
     MixedJudges,
     Refused,
+    RevisionRetired,
     Unjudged,
 )
 from genrm_client.retry import RetryPolicy
@@ -36,5 +37,6 @@ from genrm_client.verdict import Verdict
 from genrm_client.window import WindowLaw
 
 __all__ = ["AsyncJudgeClient", "BadAnswer", "EngineFailed", "JudgeClient", "JudgeError", "JudgeRequest",
-           "JudgeTimeout", "JudgeUnavailable", "MixedJudges", "PoolConfig", "Refused", "RetryPolicy", "Step",
-           "StepReport", "Unjudged", "Verdict", "WindowLaw", "__version__", "chat", "classify", "generate"]
+           "JudgeTimeout", "JudgeUnavailable", "MixedJudges", "PoolConfig", "Refused", "RetryPolicy",
+           "RevisionRetired", "Step", "StepReport", "Unjudged", "Verdict", "WindowLaw", "__version__", "chat",
+           "classify", "generate"]

@@ -21,7 +21,7 @@ from genrm_client.call import Attempts, Sleep, attempts
 from genrm_client.calls import JudgeRequest
 from genrm_client.config import PoolConfig
 from genrm_client.errors import JudgeError, Unjudged
-from genrm_client.judge import HINT_POLICY, Judge, failed, settle
+from genrm_client.judge import HINT_POLICY, Judge, failed, pinned, settle
 from genrm_client.retry import Cause, Outcome
 from genrm_client.step import Step, entered
 from genrm_client.verdict import Verdict
@@ -132,7 +132,7 @@ class AsyncJudgeClient(Judge[Coroutine[Any, Any, Verdict]]):
 
     async def _send(self, request: JudgeRequest) -> Outcome:
         built = self._http.build_request("POST", request.path, json=dict(request.body),
-                                         headers=transport.headers(request, self.config.api_key))
+                                         headers=transport.headers(request, self.config.api_key, pinned()))
         try:
             response = await self._http.send(built, stream=True)
         except httpx.TransportError as exc:

@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
+from genrm_client import wire
 from genrm_client.calls import JudgeRequest
 from genrm_client.errors import BadAnswer, JudgeError
 from genrm_client.retry import Answer, Cause, Outcome, Retry, RetryPolicy, decide
@@ -67,4 +68,5 @@ def attempts(request: JudgeRequest, policy: RetryPolicy, rng: random.Random,
                             status=outcome.status).settled(request.id, attempt, retries) from None
         except JudgeError as error:
             raise error.settled(request.id, attempt, retries) from None
-        return Verdict(body, request.id, revision, clock() - started, attempt, dict(retries), held_of(outcome.headers))
+        return Verdict(body, request.id, revision, clock() - started, attempt, dict(retries), held_of(outcome.headers),
+                       bool(outcome.headers.get(wire.REVISION_HEADER)))

@@ -59,6 +59,12 @@ class BadAnswer(JudgeError):
     """A 2xx answer that is not the route's JSON (nothing to read a verdict from)."""
 
 
+class RevisionRetired(JudgeError):
+    """The step's calls are pinned to a judge revision the pool no longer serves (its judge changed,
+    blue/green): the pool's message names the pinned and the active revision. Never retried: every
+    replica that could answer is of another revision, and its verdict would not be comparable."""
+
+
 class MixedJudges(JudgeError):
     """One step saw verdicts from two judge revisions: its rewards are not comparable."""
 

@@ -65,6 +65,12 @@ def settle(verdict: Verdict) -> Verdict:
     return verdict if step is None else step.verdict(verdict)
 
 
+def pinned() -> str | None:
+    """The revision the current step pins its calls to (``Step.pin``), when it has one."""
+    step = current()
+    return None if step is None else step.pin
+
+
 def failed(error: JudgeError) -> JudgeError:
     """An error, counted by the current step."""
     step = current()

@@ -28,7 +28,15 @@ from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 
 from genrm_client import wire
-from genrm_client.errors import BadAnswer, EngineFailed, JudgeError, JudgeTimeout, JudgeUnavailable, Refused
+from genrm_client.errors import (
+    BadAnswer,
+    EngineFailed,
+    JudgeError,
+    JudgeTimeout,
+    JudgeUnavailable,
+    Refused,
+    RevisionRetired,
+)
 
 
 class Cause(enum.StrEnum):
@@ -155,6 +163,8 @@ def final_error(outcome: Outcome) -> JudgeError | None:
     kind: type[JudgeError]
     if retryable(outcome) or outcome.status == 503:
         kind = JudgeUnavailable
+    elif outcome.reason == wire.REVISION_RETIRED:
+        kind = RevisionRetired
     elif outcome.status == 504:
         kind = JudgeTimeout
     elif outcome.status >= 500:

@@ -60,11 +60,18 @@ class Step:
     revision: str | None = None
     """The pinned revision: given, else the first one seen."""
     hint_error: str | None = None
+    pin: str | None = field(init=False, default=None)
+    """What the step's calls send as ``x-genrm-revision`` (only that judge may answer them): the given
+    revision, else the first one a gateway of the pool named; None until then. A revision read from
+    the engine's body alone is not sent: no gateway named it, so none would check it."""
     _latencies: list[float] = field(default_factory=list)
     _errors: Counter[str] = field(default_factory=Counter)
     _retries: Counter[str] = field(default_factory=Counter)
     _held_s: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.pin = self.revision
 
     def verdict(self, verdict: Verdict) -> Verdict:
         """Count ``verdict``, or raise :class:`MixedJudges` if another revision answered it."""
@@ -77,6 +84,8 @@ class Step:
                 raise MixedJudges(f"step {self.number} is pinned to revision {self.revision!r}, but revision "
                                   f"{verdict.revision!r} answered request {verdict.request_id}",
                                   (self.revision or "", verdict.revision))
+            if verdict.gateway_named and self.pin is None:
+                self.pin = verdict.revision
             self._latencies.append(verdict.latency_s)
             self._held_s += verdict.held_s
         return verdict

@@ -18,11 +18,14 @@ from genrm_client.retry import Answer, Broken, Failure
 USER_AGENT = f"genrm-client/{__version__}"
 
 
-def headers(request: JudgeRequest, api_key: str | None) -> dict[str, str]:
-    """The headers of every attempt of ``request``: the same request id each time."""
+def headers(request: JudgeRequest, api_key: str | None, pin: str | None) -> dict[str, str]:
+    """The headers of an attempt of ``request``: the same request id each time, and the step's ``pin``
+    once it has one (an attempt after the step learnt its revision carries it, an earlier one not)."""
     fields = {"content-type": "application/json", "user-agent": USER_AGENT, wire.REQUEST_ID_HEADER: request.id}
     if api_key:
         fields["authorization"] = f"Bearer {api_key}"
+    if pin:
+        fields[wire.REVISION_HEADER] = pin
     return fields
 
 

@@ -31,6 +31,9 @@ class Verdict:
     held_s: float = 0.0
     """How long the pool's activator held the request while the pool was at zero (part of
     ``latency_s``; 0 when it was not held)."""
+    gateway_named: bool = False
+    """Whether the pool's gateway named ``revision`` (``x-genrm-revision``), not the engine's body
+    alone: a step pins its later calls only to such a revision, since only a gateway checks a pin."""
 
     @property
     def text(self) -> str:

@@ -17,11 +17,15 @@ SHOULD_RETRY_HEADER = "x-should-retry"
 """``true`` or ``false`` on every refusal of the pool: whether the same request may be sent again."""
 REVISION_HEADER = "x-genrm-revision"
 """The judge revision that answered, on every answer of the pool's gateway; without it (an engine
-reached directly) the client reads SGLang's ``weight_version`` in the answer's body."""
+reached directly) the client reads SGLang's ``weight_version`` in the answer's body. On a request, the
+pin: only that revision may answer it (a step's calls, once the step knows its revision)."""
 
 HELD_HEADER = "x-genrm-held-seconds"
 """On an answer the pool's activator forwarded: how long it held the request while the pool had no
 serving replica."""
+
+REVISION_RETIRED = "revisionRetired"
+"""The pool's ``409`` for a request pinned to a revision it no longer serves (a judge switch)."""
 
 OVERLOAD_REASONS = frozenset({"holdQueueFull", "tooManyConnections"})
 """Retryable refusals that mean the pool is overloaded (not one replica leaving): a batch sends

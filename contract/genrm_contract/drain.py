@@ -47,10 +47,14 @@ class DrainMachine:
     fenced_at: float | None = None
     """When the replica fenced (for a deferred fence, the time it came due)."""
     reason: DrainReason | None = None
-    """Why it is fenced when it is not leaving: a judge switch's fence (``judgeSwitched``) is at once
-    (the pool's Service already moved to the new revision, so a retry lands there, and one more
-    answer from the old judge would mix two in a phase) and held, never Drained by itself, while a
-    rollback may still undrain it. A later drain call without a reason releases it."""
+    """Why the drain in progress was asked for, when a call of it said (``DrainRequest.reason``)."""
+    active_revision: str | None = None
+    """The judge revision serving the pool now, told with a ``judgeSwitched`` reason."""
+    held: bool = False
+    """A judge switch's fence: at once (the pool's Service already moved to the new revision, so a
+    retry lands there, and one more answer from the old judge would mix two in a phase) and held,
+    never Drained by itself, while a rollback may still undrain it. A later call of the drain that
+    names no reason releases it (the reason stays, for the refusals' wording)."""
 
     def at(self, now: float, idle_since: float | None) -> DrainMachine:
         """Time passed: a deferred fence comes due, and Fenced turns into Drained (for good) once
@@ -58,19 +62,25 @@ class DrainMachine:
         machine = self
         if machine.state is DrainState.SOFT_DRAIN and machine.fence_at is not None and now >= machine.fence_at:
             machine = dataclasses.replace(machine, state=DrainState.FENCED, fenced_at=machine.fence_at, fence_at=None)
-        if machine.state is DrainState.FENCED and machine.reason is None and idle_since is not None \
+        if machine.state is DrainState.FENCED and not machine.held and idle_since is not None \
                 and now - idle_since >= machine.quiet_seconds:
             machine = dataclasses.replace(machine, state=DrainState.DRAINED)
         return machine
 
     def drain(self, drain_id: str, phase: DrainPhase, quiet_seconds: float | None, now: float,
-              idle_since: float | None, reason: DrainReason | None = None) -> DrainMachine:
-        """A drain call (``POST /v1/drain``); raises :class:`DrainConflict` for another drain id."""
+              idle_since: float | None, reason: DrainReason | None = None,
+              active_revision: str | None = None) -> DrainMachine:
+        """A drain call (``POST /v1/drain``); raises :class:`DrainConflict` for another drain id.
+
+        A call that names a ``reason`` sets it and ``active_revision``; one that names none leaves
+        them: the calls of one drain id are retries and later phases of one drain. A fence naming
+        ``judgeSwitched`` fences at once and holds (`held`); a call naming none releases the hold."""
         machine = self.at(now, idle_since)
         if machine.state is not DrainState.SERVING and drain_id != machine.drain_id:
             raise DrainConflict(f"already draining under drain id {machine.drain_id!r}")
         state, fence_at, fenced_at = machine.state, machine.fence_at, machine.fenced_at
-        if phase is DrainPhase.FENCE and reason is not None and state in ADMITTING:
+        held = reason is DrainReason.JUDGE_SWITCHED and phase is DrainPhase.FENCE
+        if held and state in ADMITTING:
             state, fence_at, fenced_at = DrainState.FENCED, None, now
         elif phase is DrainPhase.FENCE and state is DrainState.SERVING:
             # A fence with no soft drain before it (a crashed replica being retired): clients on
@@ -82,10 +92,12 @@ class DrainMachine:
         elif phase is DrainPhase.SOFT and state is DrainState.SERVING:
             state = DrainState.SOFT_DRAIN
         quiet = machine.quiet_seconds if quiet_seconds is None else quiet_seconds
+        if reason is None:
+            reason, active_revision = machine.reason, machine.active_revision
         # Fenced by this call, a replica idle long enough is Drained at once.
         return dataclasses.replace(machine, state=state, drain_id=drain_id, quiet_seconds=quiet, fence_at=fence_at,
-                                   fenced_at=fenced_at, reason=reason if state is DrainState.FENCED else None
-                                   ).at(now, idle_since)
+                                   fenced_at=fenced_at, reason=reason, active_revision=active_revision,
+                                   held=held and state is DrainState.FENCED).at(now, idle_since)
 
     def undrain(self, drain_id: str, now: float, idle_since: float | None) -> DrainMachine:
         """An undrain call (``POST /v1/undrain``): back to Serving; raises :class:`DrainConflict`
@@ -98,13 +110,13 @@ class DrainMachine:
         if drain_id != machine.drain_id:
             raise DrainConflict(f"the drain in progress has drain id {machine.drain_id!r}")
         return dataclasses.replace(machine, state=DrainState.SERVING, drain_id=None, fence_at=None, fenced_at=None,
-                                   reason=None)
+                                   reason=None, active_revision=None, held=False)
 
     def next_change(self, idle_since: float | None) -> float | None:
         """When the state next changes with time alone (a deferred fence, Drained), or None."""
         if self.state is DrainState.SOFT_DRAIN and self.fence_at is not None:
             return self.fence_at
-        if self.state is DrainState.FENCED and self.reason is None and idle_since is not None:
+        if self.state is DrainState.FENCED and not self.held and idle_since is not None:
             return idle_since + self.quiet_seconds
         return None
 

@@ -71,11 +71,12 @@ PROOF_HEADER = "x-genrm-forward-proof"
 Why: a peer list can be stale (an IP taken over by another pod); an answer without the proof comes
 from no gateway of the pool and never reaches the client (502)."""
 
-PASS_OVER = frozenset({RefusalReason.DRAINING, RefusalReason.ENGINE_UNAVAILABLE,
+PASS_OVER = frozenset({RefusalReason.DRAINING, RefusalReason.JUDGE_SWITCHED, RefusalReason.ENGINE_UNAVAILABLE,
                        RefusalReason.TOO_MANY_CONNECTIONS})
 """A peer's ``503`` with one of these reasons came before any engine work (its admission was
 closed, its engine unreachable, or its connection limit reached): the request may go to the next
-peer. Any other answer is the request's answer."""
+peer. Any other answer is the request's answer, but for one that names another judge revision than
+the forwarding gateway's (`genrm_contract.sidecar.REVISION_HEADER`), which is passed over too."""
 
 
 class ForwardOutcome(enum.StrEnum):

@@ -13,7 +13,7 @@ import secrets
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from genrm_contract.demand import DemandHint
 from genrm_contract.drained import DRAINED
@@ -125,13 +125,6 @@ class DrainPhase(enum.StrEnum):
     FENCE = "fence"
 
 
-class DrainReason(enum.StrEnum):
-    """Why a fence was asked for, when it is not a replica leaving the pool."""
-
-    JUDGE_SWITCHED = "judgeSwitched"
-    """The pool's judge revision changed: this replica's revision no longer serves it."""
-
-
 class RefusalReason(enum.StrEnum):
     """Why the gateway answered a request itself: the clients' vocabulary, spelt in the
     ``x-genrm-reason`` header, the JSON error's ``reason`` and the ``reason`` label of
@@ -141,6 +134,13 @@ class RefusalReason(enum.StrEnum):
 
     DRAINING = "draining"
     ENGINE_UNAVAILABLE = "engineUnavailable"
+    # A blue/green judge switch (`DrainReason.JUDGE_SWITCHED`, `genrm_contract.revisions`).
+    JUDGE_SWITCHED = "judgeSwitched"
+    """The replica was fenced because the pool's judge changed: the Service already sends a new
+    connection to the new revision (503, Retry-After)."""
+    REVISION_RETIRED = "revisionRetired"
+    """The request is pinned (``x-genrm-revision``) to a revision this replica does not serve, or to
+    its own one, which the judge switch retired: no retry can be answered by it (409)."""
     # The engine, answering a request or the readiness probe.
     ENGINE_ERROR = "engineError"
     ENGINE_DISCONNECTED = "engineDisconnected"
@@ -205,9 +205,9 @@ class RefusalReason(enum.StrEnum):
 
 
 RETRYABLE_REASONS: Mapping[RefusalReason, int] = MappingProxyType({
-    RefusalReason.DRAINING: 1, RefusalReason.ENGINE_UNAVAILABLE: 1, RefusalReason.TOO_MANY_CONNECTIONS: 1,
-    RefusalReason.TOO_MANY_PIPELINED: 1, RefusalReason.HOLD_QUEUE_FULL: 1, RefusalReason.POOL_REMOVED: 1,
-    RefusalReason.HOLD_TIMEOUT: 5,
+    RefusalReason.DRAINING: 1, RefusalReason.JUDGE_SWITCHED: 1, RefusalReason.ENGINE_UNAVAILABLE: 1,
+    RefusalReason.TOO_MANY_CONNECTIONS: 1, RefusalReason.TOO_MANY_PIPELINED: 1, RefusalReason.HOLD_QUEUE_FULL: 1,
+    RefusalReason.POOL_REMOVED: 1, RefusalReason.HOLD_TIMEOUT: 5,
 })
 """The refusals a client may send again, unchanged, and the ``Retry-After`` (seconds) each carries.
 Each comes before any engine work (nothing was judged), and another replica, or the same pool a
@@ -257,14 +257,36 @@ class _Document(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
 
 
+class DrainReason(enum.StrEnum):
+    """Why the operator drains a replica, when it says (``DrainRequest.reason``): what the replica
+    then tells the clients it refuses, instead of the plain ``draining``."""
+
+    JUDGE_SWITCHED = "judgeSwitched"
+    """The pool's judge changed (blue/green): its Service now selects another judge revision, and this
+    replica's is retired. Its refusals are ``judgeSwitched``, and a request pinned to its revision is
+    ``revisionRetired`` (a retry could only find the new judge)."""
+
+
 class DrainRequest(_Document):
-    """``POST /v1/drain``: idempotent per drain id; another drain id gets 409."""
+    """``POST /v1/drain``: idempotent per drain id; another drain id gets 409.
+
+    ``reason`` and ``activeRevision`` are optional, and an operator that names neither sends the
+    same document as before them (it drops ``None`` fields), which every gateway takes. A call that
+    names a reason sets it, and the active revision with it; a call of the same drain id that names
+    none leaves them as they are (a retried or later phase of the same drain)."""
 
     drain_id: str = Field(alias="drainId", min_length=1)
     phase: DrainPhase
     quiet_seconds: float | None = Field(default=None, alias="quietSeconds", ge=0)
     reason: DrainReason | None = None
     active_revision: str | None = Field(default=None, alias="activeRevision", pattern=JUDGE_REVISION_PATTERN)
+    """The judge revision now serving the pool, named in the refusals of a ``judgeSwitched`` fence."""
+
+    @model_validator(mode="after")
+    def _active_with_its_switch(self) -> DrainRequest:
+        if self.active_revision is not None and self.reason is not DrainReason.JUDGE_SWITCHED:
+            raise ValueError("activeRevision is told with reason judgeSwitched only")
+        return self
 
 
 class UndrainRequest(_Document):
@@ -329,11 +351,13 @@ class StateDocument(_Document):
     """Changes when the gateway restarts: versions count from 1 again."""
     version: int | None = Field(default=None, ge=0)
     """Grows whenever something the operator acts on changes (see :class:`Versions`)."""
-    reason: DrainReason | None = None
-    """Why the replica is fenced when it is not leaving (`genrm_contract.drain.DrainMachine.reason`)."""
+    drain_reason: DrainReason | None = Field(default=None, alias="drainReason")
+    """The reason the drain in progress was given (``DrainRequest.reason``): how the operator sees
+    that it landed. Absent from the wire when None, so the document is the same as before it."""
 
     def wire(self) -> dict[str, object]:
-        return self.model_dump(by_alias=True, mode="json")
+        return self.model_dump(by_alias=True, mode="json",
+                               exclude={"drain_reason"} if self.drain_reason is None else None)
 
     @property
     def idle(self) -> bool:
@@ -344,12 +368,13 @@ class StateDocument(_Document):
     def significant(self) -> tuple[object, ...]:
         """What the operator decides on: state, drain id, the engine's health, once fenced whether
         anything is still in flight, whether any client is connected (the operator balances only
-        pools that have clients), whether the replica is idle (scale to zero) and its demand hints.
-        Load figures change all the time and are not part of it; idleness changes at most twice per
-        quiet spell, since it needs :data:`IDLE_REPORT_SECONDS` without a request to become true."""
+        pools that have clients), whether the replica is idle (scale to zero), its demand hints and
+        the drain's reason (a reason given to a replica already fenced is a change the operator waits
+        for). Load figures change all the time and are not part of it; idleness changes at most twice
+        per quiet spell, since it needs :data:`IDLE_REPORT_SECONDS` without a request to become true."""
         fenced_busy = self.inflight > 0 if self.state is DrainState.FENCED else None
         return (self.state, self.drain_id, self.engine.up, self.engine.healthy, fenced_busy,
-                bool(self.client_connections), self.idle, tuple(self.demand), self.reason)
+                bool(self.client_connections), self.idle, tuple(self.demand), self.drain_reason)
 
     def newer_than(self, other: StateDocument | None) -> bool:
         """Whether this report supersedes ``other``: answers on separate connections may arrive out of

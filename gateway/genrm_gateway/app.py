@@ -30,7 +30,8 @@ from genrm_gateway.errors import CLOSE_HEADER, Refusal, send_error
 from genrm_gateway.metrics import GatewayMetrics
 from genrm_gateway.peers import LOOP, Peers, pool_token
 from genrm_gateway.proxy import Proxy
-from genrm_gateway.routes import BLOCKED_ENGINE_PATHS, PROXIED
+from genrm_gateway.revisions import Revisions
+from genrm_gateway.routes import BLOCKED_ENGINE_PATHS, GATEWAY_PATHS, PROXIED
 from genrm_gateway.upstream import EnginePool
 
 # While a drain runs, connections that have turned idle are looked at this often.
@@ -51,11 +52,12 @@ class Gateway:
                                      self.connections.retire)
         self.metrics = GatewayMetrics(self.admission, self.drain, self.engine, self.connections)
         self.peers = Peers(config.peers_valid_seconds, config.loopback_peers)
+        self.revisions = Revisions(config.judge_revision)
         self._proxy = Proxy(self.admission, self.drain, self.engine, self.pool, self.metrics, config.limits,
-                            self.peers)
+                            self.peers, self.revisions)
         self.demand = DemandBoard()
         self._control = create_control_app(self.admission, self.drain, self.engine, self.metrics, self.connections,
-                                           self.demand, self.peers)
+                                           self.demand, self.peers, self.revisions)
         self._retirer: asyncio.Task[None] | None = None
 
     @property
@@ -93,9 +95,12 @@ class Gateway:
         if route is not None:
             await self._proxy.handle(route, scope, receive, send)
             return
-        if path == DEMAND_PATH:
+        if path in GATEWAY_PATHS:
             try:
-                await self.demand.receive(scope, receive, send)
+                if path == DEMAND_PATH:
+                    await self.demand.receive(scope, receive, send)
+                else:
+                    await self.revisions.answer(scope, send)
             except Refusal as refused:
                 self.metrics.refused(refused.reason)
                 await send_error(send, refused.code, refused.reason, str(refused), refused.headers)

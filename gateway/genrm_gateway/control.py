@@ -1,4 +1,5 @@
-"""The control port: probes, the drain control API, the pool's peers and ``/metrics``, on FastAPI.
+"""The control port: probes, the drain control API, the pool's peers and revisions, and ``/metrics``, on
+FastAPI.
 
 Why separate from the proxied path: these routes need validation and auth more than speed, and
 none of them may depend on the engine's request path (liveness never touches the engine at all).
@@ -18,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from genrm_contract.drained import control_token
 from genrm_contract.peers import PEERS_PATH, PeersDocument
+from genrm_contract.revisions import REVISIONS_PATH, RevisionsDocument
 from genrm_contract.sidecar import (
     DRAIN_PATH,
     LIVE_PATH,
@@ -52,8 +54,9 @@ from genrm_gateway.engine import EngineMonitor
 from genrm_gateway.errors import CLOSE_HEADER, Refusal, error_body, refusal_headers, send_error
 from genrm_gateway.metrics import GatewayMetrics
 from genrm_gateway.peers import Peers
+from genrm_gateway.revisions import Revisions
 
-# Control bodies are a drain id and a phase, or a shed count: far below this.
+# Control bodies are a drain id and a phase, a shed count, peers or revisions: far below this.
 MAX_CONTROL_BODY_BYTES = 64 * 1024
 
 
@@ -127,7 +130,7 @@ class _Guard:
 
 def create_control_app(admission: Admission, drain: DrainController, engine: EngineMonitor,
                        metrics: GatewayMetrics, connections: Connections, demand: DemandBoard,
-                       peers: Peers) -> FastAPI:
+                       peers: Peers, revisions: Revisions) -> FastAPI:
     app = FastAPI(title="genrm-gateway", docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
     authorized = [Depends(require_token)]
     versions = Versions()
@@ -143,6 +146,7 @@ def create_control_app(admission: Admission, drain: DrainController, engine: Eng
                                 queued_requests=load.queued, token_usage=load.token_usage),
             idle_since_seconds=None if idle is None else round(idle, 3),
             client_connections=connections.kept, handing_back=len(connections.marked), demand=demand.active(),
+            drain_reason=drain.reason,
         ))
 
     @app.exception_handler(Refusal)
@@ -197,7 +201,7 @@ def create_control_app(admission: Admission, drain: DrainController, engine: Eng
 
     @app.post(DRAIN_PATH, dependencies=authorized)
     async def post_drain(request: DrainRequest) -> dict[str, Any]:
-        drain.drain(request.drain_id, request.phase, request.quiet_seconds)
+        drain.drain(request.drain_id, request.phase, request.quiet_seconds, request.reason, request.active_revision)
         return state_document().wire()
 
     @app.post(UNDRAIN_PATH, dependencies=authorized)
@@ -221,6 +225,11 @@ def create_control_app(admission: Admission, drain: DrainController, engine: Eng
         except ValidationError as exc:
             raise RequestValidationError(exc.errors()) from None
         return peers.update(document).wire()
+
+    @app.post(REVISIONS_PATH, dependencies=authorized)
+    async def post_revisions(request: RevisionsDocument) -> dict[str, object]:
+        """The pool's active and preview judge revisions (`genrm_contract.revisions`); answers them."""
+        return revisions.update(request).wire()
 
     @app.get(METRICS_PATH)
     async def get_metrics() -> Response:

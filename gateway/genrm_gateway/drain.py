@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from genrm_contract.drain import DrainConflict as DrainConflict
 from genrm_contract.drain import DrainMachine
-from genrm_contract.sidecar import DrainPhase, DrainState
+from genrm_contract.sidecar import DrainPhase, DrainReason, DrainState
 
 from genrm_gateway.admission import Admission
 from genrm_gateway.engine import EngineMonitor
@@ -40,6 +40,16 @@ class DrainController:
         return self._machine.drain_id
 
     @property
+    def reason(self) -> DrainReason | None:
+        """Why the drain in progress was asked for, if the operator said (None while Serving)."""
+        return self._machine.reason
+
+    @property
+    def active_revision(self) -> str | None:
+        """The pool's judge revision now, told with a ``judgeSwitched`` reason."""
+        return self._machine.active_revision
+
+    @property
     def quiet_seconds(self) -> float:
         return self._machine.quiet_seconds
 
@@ -59,9 +69,11 @@ class DrainController:
         idle_since = self._idle_since()
         return None if idle_since is None else time.monotonic() - idle_since
 
-    def drain(self, drain_id: str, phase: DrainPhase, quiet_seconds: float | None = None) -> None:
+    def drain(self, drain_id: str, phase: DrainPhase, quiet_seconds: float | None = None,
+              reason: DrainReason | None = None, active_revision: str | None = None) -> None:
         """Raises DrainConflict for another drain id than the one in progress."""
-        self._become(self._machine.drain(drain_id, phase, quiet_seconds, time.monotonic(), self._idle_since()))
+        self._become(self._machine.drain(drain_id, phase, quiet_seconds, time.monotonic(), self._idle_since(),
+                                         reason, active_revision))
 
     def undrain(self, drain_id: str) -> None:
         """Raises DrainConflict once Drained or for another drain id."""

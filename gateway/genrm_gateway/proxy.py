@@ -19,7 +19,11 @@ peer gets is again the gateway's own request: the route's path, the checked clie
 client's validated JSON body (the peer mints its own ``rid``, and aborts it when this gateway
 closes the connection because its client left), the pool's loop tag and a fresh nonce, never the
 pool's API key; what the client gets back is the peer's answer only when it carries the proof of
-that nonce (`genrm_contract.peers.forward_proof`).
+that nonce (`genrm_contract.peers.forward_proof`) and names this replica's judge revision.
+
+A request pinned to a judge revision (``x-genrm-revision``, `revisions`) is checked before admission:
+another revision's pin is refused there, and a replica fenced by a judge switch refuses a pin to its
+own. The pin goes to a peer, which checks it again, and never to the engine.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from genrm_contract.peers import (
     forward_tag,
 )
 from genrm_contract.sidecar import DRAINING_HEADER as DRAINING
-from genrm_contract.sidecar import REVISION_HEADER, DrainState, RefusalReason
+from genrm_contract.sidecar import DrainReason, DrainState, RefusalReason
 from starlette.types import Receive, Scope, Send
 
 from genrm_gateway.admission import Admission
@@ -51,6 +55,7 @@ from genrm_gateway.engine import EngineMonitor
 from genrm_gateway.errors import CLOSE_HEADER, REASON_HEADER, Refusal, send_error
 from genrm_gateway.metrics import GatewayMetrics
 from genrm_gateway.peers import LOOP, Peers, pool_token
+from genrm_gateway.revisions import REVISION, Revisions
 from genrm_gateway.routes import ProxiedRoute
 from genrm_gateway.upstream import (
     ClientGone,
@@ -81,7 +86,7 @@ FORWARDED_HEADERS = frozenset({b"content-type", b"accept"})
 # request id, the drain and forward marks and the judge revision are this gateway's to set.
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade",
                          b"proxy-connection", b"content-length", b"trailer", b"date", b"server",
-                         REQUEST_ID_HEADER, DRAINING_HEADER[0], FORWARDED_TO, PROOF, REVISION_HEADER.encode()})
+                         REQUEST_ID_HEADER, DRAINING_HEADER[0], FORWARDED_TO, PROOF, REVISION})
 
 
 class _DisconnectWatcher:
@@ -131,9 +136,12 @@ _WATCH_AFTER_SECONDS = 0.05
 
 class Proxy:
     def __init__(self, admission: Admission, drain: DrainController, engine: EngineMonitor, pool: EnginePool,
-                 metrics: GatewayMetrics, limits: Limits, peers: Peers) -> None:
+                 metrics: GatewayMetrics, limits: Limits, peers: Peers, revisions: Revisions) -> None:
         self._admission = admission
         self._peers = peers
+        self._revisions = revisions
+        # What a peer's answer must say of its revision: this replica's own (whose pin it checked).
+        self._revision_values = [] if revisions.own is None else [revisions.own.encode()]
         self._drain = drain
         self._engine = engine
         self._pool = pool
@@ -147,19 +155,23 @@ class Proxy:
         this replica's own engine or refused, never by a peer: its answer must be this replica's."""
         started = time.perf_counter()
         if scope["method"] != route.method:
-            await self._refuse(send, route, Refusal(405, RefusalReason.METHOD_NOT_ALLOWED,
-                                                    f"{route.name} accepts {route.method} only"))
+            await self._refuse(send, route, scope, Refusal(405, RefusalReason.METHOD_NOT_ALLOWED,
+                                                           f"{route.name} accepts {route.method} only"))
+            return
+        try:
+            pin = self._revisions.pinned(scope["headers"])
+        except Refusal as refusal:
+            await self._refuse(send, route, scope, refusal)
             return
         if not self._admission.try_admit():
-            await self._refuse(send, route, Refusal(503, RefusalReason.DRAINING,
-                                                    "the replica is draining; retry on another replica",
-                                                    close=True))
+            await self._refuse(send, route, scope, self._fenced(pin is not None))
             return
         code = 500
         proof: tuple[tuple[bytes, bytes], ...] = ()
         try:
             forwarded, given, relayed, proof = self._forwarded(scope)
-            code = await self._exchange(route, scope, receive, send, forwarded, given, relayed, proof, probe)
+            pinned = () if pin is None else ((REVISION, pin),)
+            code = await self._exchange(route, scope, receive, send, forwarded, given, relayed, proof, probe, pinned)
         except Refusal as refusal:
             code = refusal.code
             self._metrics.refused(refusal.reason)
@@ -167,6 +179,12 @@ class Proxy:
         finally:
             self._admission.release()
             self._metrics.observe(route.name, code, time.perf_counter() - started)
+
+    def _fenced(self, pinned: bool) -> Refusal:
+        """Why a fenced replica refuses a request: the judge switch its fence names, else the drain."""
+        if self._drain.reason is DrainReason.JUDGE_SWITCHED:
+            return self._revisions.switched(self._drain.active_revision, pinned)
+        return Refusal(503, RefusalReason.DRAINING, "the replica is draining; retry on another replica", close=True)
 
     async def _to_peers(self, relayed: bool, probe: bool) -> bool:
         """Where a request that finds the engine unreachable goes: True to the peers, False to the
@@ -184,10 +202,15 @@ class Proxy:
         raise Refusal(503, RefusalReason.ENGINE_UNAVAILABLE, "the engine is not reachable; retry on another replica",
                       close=True)
 
-    async def _refuse(self, send: Send, route: ProxiedRoute, refusal: Refusal) -> None:
+    async def _refuse(self, send: Send, route: ProxiedRoute, scope: Scope, refusal: Refusal) -> None:
+        """A refusal before admission. It carries the proof when one of the pool's gateways forwarded
+        the request: the sender passes on what a peer proves (a pin's ``409``), or passes it over."""
         self._metrics.refused(refusal.reason)
         self._metrics.observe(route.name, refusal.code, 0.0)
-        await send_error(send, refusal.code, refusal.reason, str(refusal), refusal.headers)
+        headers = scope["headers"]
+        proof = _proof(next((value for name, value in headers if name == LOOP), None),
+                       next((value for name, value in headers if name == NONCE), None))
+        await send_error(send, refusal.code, refusal.reason, str(refusal), (*refusal.headers, *proof))
 
     def _forwarded(self, scope: Scope) -> tuple[list[tuple[bytes, bytes]], bytes | None, bool,
                                                  tuple[tuple[bytes, bytes], ...]]:
@@ -214,14 +237,14 @@ class Proxy:
         if declared > self._limits.max_body_bytes:
             raise Refusal(413, RefusalReason.BODY_TOO_LARGE,
                           f"the body exceeds {self._limits.max_body_bytes} bytes", close=True)
-        token = None if tag is None or nonce is None else pool_token(tag)
-        proof = () if token is None or nonce is None else ((PROOF, forward_proof(token, nonce).encode()),)
-        return forwarded, given, tag is not None, proof
+        return forwarded, given, tag is not None, _proof(tag, nonce)
 
     async def _exchange(self, route: ProxiedRoute, scope: Scope, receive: Receive, send: Send,
                         forwarded: list[tuple[bytes, bytes]], given: bytes | None, relayed: bool,
-                        proof: tuple[tuple[bytes, bytes], ...], probe: bool) -> int:
-        """Forward one admitted request; returns the status code for the metrics."""
+                        proof: tuple[tuple[bytes, bytes], ...], probe: bool,
+                        pinned: tuple[tuple[bytes, bytes], ...]) -> int:
+        """Forward one admitted request; returns the status code for the metrics. ``pinned`` is the
+        client's checked pin: never the engine's to see, but a peer's, which checks it again."""
         to_peers = not self._engine.up and await self._to_peers(relayed, probe)
         abort_rid: str | None = None
         raw = b""
@@ -250,7 +273,8 @@ class Proxy:
                         await self._pool.send(exchange, data)
             if to_peers:
                 abort_rid = None  # the request never reached this engine; a peer aborts its own
-                peer = await self._forward(watcher, route, raw, [*forwarded, (REQUEST_ID_HEADER, request_id)])
+                peer = await self._forward(watcher, route, raw,
+                                           [*forwarded, (REQUEST_ID_HEADER, request_id), *pinned])
                 exchange = watcher.exchange
             await self._respond(exchange, scope, send, request_id, peer, proof)
             return exchange.status
@@ -288,8 +312,11 @@ class Proxy:
         failed, or it refused before any engine work (`PASS_OVER`). A peer that took it and broke
         ends the request (``EngineError``): it may have been judged, so it is never sent twice.
         An answer without the proof of its nonce comes from no gateway of the pool (a stale address
-        now another pod's): it is dropped and the client gets a 502. A client that left ends the
-        forward (ClientGone) before any further peer is offered the request."""
+        now another pod's): it is dropped and the client gets a 502. A proven answer that names
+        another judge revision than this replica's (a peer list from across a judge switch) is
+        dropped as a refusal would be, whatever its status: the client, whose pin this replica
+        checked, must never get another judge's verdict; the next peer is offered the request. A
+        client that left ends the forward (ClientGone) before any further peer is offered it."""
         token = control_token()
         try:
             if token is not None:
@@ -312,6 +339,9 @@ class Proxy:
                         raise Refusal(502, RefusalReason.PEER_UNPROVEN,
                                       f"the replica at {peer} did not prove it one of this pool's; its answer "
                                       "was dropped")
+                    if _revisions(exchange) != self._revision_values:
+                        exchange.discard()
+                        continue
                     self._metrics.forwarded(ForwardOutcome.SERVED)
                     return peer
             if watcher.gone:
@@ -422,6 +452,18 @@ class Proxy:
 def _reason(exchange: Exchange) -> bytes | None:
     """The ``x-genrm-reason`` of a peer's answer, if it has one."""
     return next((value for name, value in exchange.headers if name == REASON_HEADER), None)
+
+
+def _proof(tag: bytes | None, nonce: bytes | None) -> tuple[tuple[bytes, bytes], ...]:
+    """The proof header of an answer to a request with the loop header ``tag`` and ``nonce``: one when
+    the tag is the pool's (a gateway of the pool forwarded it), else none."""
+    token = None if tag is None or nonce is None else pool_token(tag)
+    return () if token is None or nonce is None else ((PROOF, forward_proof(token, nonce).encode()),)
+
+
+def _revisions(exchange: Exchange) -> list[bytes]:
+    """The ``x-genrm-revision`` values of a peer's answer (one from a gateway that names its revision)."""
+    return [value for name, value in exchange.headers if name == REVISION]
 
 
 def _proven(exchange: Exchange, token: str, nonce: bytes) -> bool:

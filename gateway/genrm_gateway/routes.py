@@ -1,4 +1,4 @@
-"""Which engine routes are reachable through the gateway, and which are blocked by name.
+"""Which engine routes are reachable through the gateway, which are blocked by name, and the gateway's own.
 
 Why an allowlist: the engine's admin routes (weight updates, cache flush, profiling, shutdown)
 would let any judge client change or stop the replica; only judge traffic may pass.
@@ -9,6 +9,9 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
+
+from genrm_contract.demand import DEMAND_PATH
+from genrm_contract.revisions import REVISION_PATH
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,11 @@ PROXIED: dict[str, ProxiedRoute] = {
         ("/get_model_info", "GET"),     # deprecated spelling of /model_info, still served by SGLang
     )
 }
+
+
+GATEWAY_PATHS = frozenset({DEMAND_PATH, REVISION_PATH})
+"""The gateway's own routes on the traffic port, under the pool's API key like the judge routes: demand
+hints and the revision document. None is a path of the engine's, so none hides an engine route."""
 
 
 @dataclass(frozen=True)

@@ -156,7 +156,7 @@ class HollowReplica:
         """False: another drain is in progress (409)."""
         try:
             self._become(self.machine.drain(request.drain_id, request.phase, request.quiet_seconds, now,
-                                            self.idle_since), now)
+                                            self.idle_since, request.reason, request.active_revision), now)
         except DrainConflict:
             return False
         self.touch()
@@ -182,7 +182,7 @@ class HollowReplica:
             completed_total=self.admitted, refused_total=self.refused,
             engine=EngineReport(up=up, healthy=up, running_requests=0 if up else None,
                                 queued_requests=0 if up else None, token_usage=0.0 if up else None),
-            idle_since_seconds=round(now - self.idle_since, 3),
+            idle_since_seconds=round(now - self.idle_since, 3), drain_reason=self.machine.reason,
         ))
 
     async def wait(self, version: int, seconds: float) -> dict[str, Any]:

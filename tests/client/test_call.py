@@ -10,7 +10,7 @@ from collections.abc import Iterable
 import pytest
 from genrm_client import calls
 from genrm_client.call import Send, Sleep, attempts
-from genrm_client.errors import BadAnswer, EngineFailed, JudgeError, MixedJudges, Refused
+from genrm_client.errors import BadAnswer, EngineFailed, JudgeError, MixedJudges, Refused, RevisionRetired
 from genrm_client.retry import Answer, Broken, Failure, Outcome, RetryPolicy
 from genrm_client.verdict import Verdict
 
@@ -79,6 +79,22 @@ def test_a_4xx_is_refused_at_once() -> None:
     assert isinstance(error, Refused) and error.status == 401 and len(sends) == 1
 
 
+def test_a_retired_revision_is_its_own_error_at_once_and_a_judge_switch_is_retried() -> None:
+    """A pinned call that the pool refuses ``revisionRetired`` (the pin's judge is gone) ends at once with
+    the pool's words, which name both revisions; a replica fenced by the switch is retried like a
+    draining one (its next connection reaches the new judge)."""
+    message = "judge revision 3f9a is retired: the pool's judge changed to 4b1e"
+    retired = Answer(409, {"x-genrm-reason": "revisionRetired", "x-should-retry": "false"},
+                     json.dumps({"error": {"reason": "revisionRetired", "code": 409, "message": message}}).encode())
+    switched = Answer(503, {"x-genrm-reason": "judgeSwitched", "x-should-retry": "true", "retry-after": "1"}, b"{}")
+    error, sends, sleeps = drive([switched, retired])
+    assert isinstance(error, RevisionRetired) and not isinstance(error, Refused)
+    assert (error.status, error.reason, error.attempts, error.retries) == (409, "revisionRetired", 2,
+                                                                          {"unavailable": 1})
+    assert message in str(error)
+    assert len(sends) == 2 and [s.cause for s in sleeps] == ["unavailable"] and sleeps[0].seconds >= 1.0
+
+
 def test_an_answer_that_is_not_json_is_a_bad_answer() -> None:
     error, _, _ = drive([Answer(200, {}, b"<html>")])
     assert isinstance(error, BadAnswer)
@@ -86,7 +102,9 @@ def test_an_answer_that_is_not_json_is_a_bad_answer() -> None:
 
 def test_the_revision_header_wins_over_the_body() -> None:
     verdict, _, _ = drive([ok(CHAT, **{"x-genrm-revision": "7f9c"})])
-    assert isinstance(verdict, Verdict) and verdict.revision == "7f9c"
+    assert isinstance(verdict, Verdict) and verdict.revision == "7f9c" and verdict.gateway_named
+    from_body, _, _ = drive([ok(CHAT)])
+    assert isinstance(from_body, Verdict) and from_body.revision == "rev-a" and not from_body.gateway_named
 
 
 @pytest.mark.parametrize(("header", "held"), [("2.503", 2.503), ("0.000", 0.0), (None, 0.0), ("nan", 0.0),

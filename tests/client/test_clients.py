@@ -16,6 +16,7 @@ from genrm_client import (
     MixedJudges,
     Refused,
     RetryPolicy,
+    RevisionRetired,
     Unjudged,
     Verdict,
     WindowLaw,
@@ -128,6 +129,46 @@ def test_a_step_sends_its_hint_pins_a_revision_and_reports() -> None:
     assert hint["id"].endswith("-step-12") and hint["requests"] == 3 and hint["forSeconds"] == 30
     report = step.report()
     assert (report.verdicts, report.unjudged, report.revision, report.hint_error) == (2, 1, "a", None)
+
+
+def test_a_steps_calls_carry_its_pin_once_a_gateway_named_its_revision() -> None:
+    """The first call goes unpinned; every later one of the step says which judge may answer it, and a
+    pool that no longer serves that judge ends the call with RevisionRetired, sent once, counted."""
+    def judge(request: httpx.Request) -> httpx.Response:
+        if request.headers.get("x-genrm-revision") == "a1" and json.loads(request.content)["text"] == "late":
+            return httpx.Response(409, headers={"x-genrm-reason": "revisionRetired", "x-should-retry": "false",
+                                                "x-genrm-revision": "a1"},
+                                  json={"error": {"message": "judge revision a1 is retired: the pool's judge "
+                                                             "changed to b2"}})
+        return httpx.Response(200, headers={"x-genrm-revision": "a1"}, json={"text": "7"})
+
+    pool = Pool(default=judge)
+    with sync_client(pool) as client:
+        client.generate("before")
+        with client.step(3) as step:
+            client.generate("first")
+            client.generate("second")
+            with pytest.raises(RevisionRetired) as retired:
+                client.generate("late")
+        client.generate("after")
+    pins = [(json.loads(r.content)["text"], r.headers.get("x-genrm-revision")) for r in pool.seen]
+    assert pins == [("before", None), ("first", None), ("second", "a1"), ("late", "a1"), ("after", None)]
+    assert "a1 is retired" in str(retired.value) and "b2" in str(retired.value) and retired.value.attempts == 1
+    assert step.report().errors == {"RevisionRetired": 1} and step.report().revision == "a1"
+
+
+def test_an_async_step_pins_its_later_calls_and_a_revision_from_the_body_is_never_sent() -> None:
+    async def run(pool: Pool) -> None:
+        async with async_client(pool) as client, client.step(4):
+            await client.generate("first")
+            await asyncio.gather(client.generate("second"), client.generate("third"))
+
+    named = Pool(default=lambda request: httpx.Response(200, headers={"x-genrm-revision": "a1"}, json={"text": "7"}))
+    asyncio.run(run(named))
+    assert [r.headers.get("x-genrm-revision") for r in named.seen] == [None, "a1", "a1"]
+    from_body = Pool()  # answers name weight_version "default" in their body, and no header
+    asyncio.run(run(from_body))
+    assert [r.headers.get("x-genrm-revision") for r in from_body.seen] == [None, None, None]
 
 
 def test_a_refused_hint_does_not_stop_the_step() -> None:

@@ -1,6 +1,6 @@
 """The client against real processes: genrm-sim engines behind real gateways, behind a per-connection
 balancer (kube-proxy's behaviour), on loopback ports. What a trainer sees while a replica drains, an
-engine crashes, the pool refuses a request, or a step announces itself."""
+engine crashes, the pool refuses a request, a step announces itself, or the pool's judge changes."""
 
 from __future__ import annotations
 
@@ -20,11 +20,12 @@ from genrm_client import (
     JudgeUnavailable,
     Refused,
     RetryPolicy,
+    RevisionRetired,
     Unjudged,
     Verdict,
     generate,
 )
-from genrm_contract.sidecar import ENGINE_KEY_FILE
+from genrm_contract.sidecar import ENGINE_KEY_FILE, JUDGE_REVISION_FLAG
 from genrm_testing import CONTROL_TOKEN, RunningGateway, RunningSim, run_gateway, run_sim
 from genrm_testing.balancer import Balancer
 
@@ -39,9 +40,9 @@ class Replica:
     sim: RunningSim
     gateway: RunningGateway
 
-    def drain(self, phase: str) -> None:
+    def drain(self, phase: str, **extra: object) -> None:
         answer = httpx.post(f"{self.gateway.control}/v1/drain", headers=AUTH,
-                            json={"drainId": "genrm/test", "phase": phase, "quietSeconds": 0.1})
+                            json={"drainId": "genrm/test", "phase": phase, "quietSeconds": 0.1, **extra})
         assert answer.status_code == 200, answer.text
 
     def state(self) -> dict[str, object]:
@@ -127,3 +128,38 @@ def test_a_step_announces_itself_and_reports_its_figures() -> None:
         assert (report.verdicts, report.unjudged, report.revision, report.hint_error) == (25, 0, "default", None)
         assert report.p50_s is not None and report.p99_s is not None and report.p50_s <= report.p99_s
         assert json.dumps(report.errors) == "{}"
+
+
+def test_a_step_across_a_judge_switch_ends_in_revision_retired_and_the_next_step_judges_anew() -> None:
+    """Blue/green: the Service (the balancer) flips from the blue replica to the green one, and the blue
+    one is fenced for the switch. The running step, pinned to blue, gets RevisionRetired at once (never a
+    green verdict, never retried); the next step, unpinned at its start, is judged by green, and a plain
+    call that meets blue's retryable judgeSwitched is retried onto green."""
+    blue, green = "3f9a0c1d2e", "4b1e9d0c7a"
+    with ExitStack() as stack:
+        old, new = (stack.enter_context(replica(JUDGE_REVISION_FLAG, revision, sim_args=("--weight-version", revision)))
+                    for revision in (blue, green))
+        service = stack.enter_context(Balancer([old.gateway.port]).running())
+        client = stack.enter_context(JudgeClient(f"http://127.0.0.1:{service.port}", seed=1))
+        with client.step(1) as running:
+            assert client.generate("before", sampling_params=SAMPLING).revision == blue
+            service.published = [new.gateway.port]
+            old.drain("soft")
+            old.drain("fence", reason="judgeSwitched", activeRevision=green)
+            with pytest.raises(RevisionRetired) as retired:
+                client.generate("after", sampling_params=SAMPLING)
+        # The 409 ended the call: only a connection the fence closed under the request went before it.
+        assert retired.value.status == 409 and set(retired.value.retries) <= {"closed"}
+        assert retired.value.attempts == 1 + sum(retired.value.retries.values())
+        assert blue in str(retired.value) and green in str(retired.value)
+        assert running.report().errors == {"RevisionRetired": 1} and running.report().revision == blue
+        with client.step(2) as renewed:
+            assert client.generate("anew", sampling_params=SAMPLING).revision == green
+            assert client.generate("pinned", sampling_params=SAMPLING).revision == green
+        assert renewed.pin == green and renewed.report().verdicts == 2
+        # A plain call whose connection the Service places on the fenced blue replica: retried onto green.
+        flipping = stack.enter_context(Balancer([old.gateway.port, new.gateway.port]).running())
+        with JudgeClient(f"http://127.0.0.1:{flipping.port}", seed=1) as plain:
+            verdict = plain.generate("plain", sampling_params=SAMPLING)
+        assert verdict.revision == green and verdict.retries == {"unavailable": 1}
+        assert old.refused("judgeSwitched") == 1 and old.state()["drainReason"] == "judgeSwitched"

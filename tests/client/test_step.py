@@ -30,6 +30,21 @@ def test_a_given_revision_is_pinned_from_the_start() -> None:
         Step(1, revision="a").verdict(verdict("b"))
 
 
+def test_a_step_pins_its_calls_to_a_revision_only_a_gateway_named_or_it_was_given() -> None:
+    """What a step's later calls send as ``x-genrm-revision``: a revision read from the engine's body
+    alone is never sent (no gateway named it, none would check it), one a gateway named is."""
+    step = Step(2)
+    assert step.pin is None
+    step.verdict(verdict("a"))
+    assert (step.revision, step.pin) == ("a", None)
+    step.verdict(Verdict({}, "r", "a", 0.1, 1, {}, 0.0, gateway_named=True))
+    assert step.pin == "a"
+    with pytest.raises(MixedJudges):
+        step.verdict(Verdict({}, "r", "b", 0.1, 1, {}, 0.0, gateway_named=True))
+    assert step.pin == "a"
+    assert Step(1, revision="c").pin == "c"
+
+
 def test_the_report_has_failures_by_type_retries_and_latency_percentiles() -> None:
     step = Step(9)
     for i in range(100):

@@ -3,12 +3,14 @@ every refusal the pool writes carries its retry marker, and the client's version
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
-from genrm_client import __version__, wire
+from genrm_client import RevisionRetired, __version__, wire
+from genrm_client.retry import Answer, Retry, RetryPolicy, decide
 from genrm_contract import demand, sidecar
 from genrm_gateway.routes import PROXIED
 
@@ -22,6 +24,21 @@ def test_the_clients_wire_constants_are_the_contracts() -> None:
     assert wire.OVERLOAD_REASONS == {str(reason) for reason in sidecar.OVERLOAD_REASONS}
     assert sidecar.OVERLOAD_REASONS <= set(sidecar.RETRYABLE_REASONS)
     assert wire.DEMAND_PATH == demand.DEMAND_PATH
+    assert wire.REVISION_RETIRED == sidecar.RefusalReason.REVISION_RETIRED
+
+
+def test_the_client_retries_exactly_the_refusals_the_contract_marks_retryable() -> None:
+    """Every reason the pool may refuse with, with the headers the pool sends for it: the client's law
+    (which reads the marker, not a copy of the set) sends again exactly the contract's retryable ones,
+    and a retired revision is its own error."""
+    for reason in sidecar.RefusalReason:
+        status = 503 if reason in sidecar.RETRYABLE_REASONS else 409
+        answer = Answer(status, {sidecar.REASON_HEADER: reason, **dict(sidecar.retry_headers(reason))}, b"{}")
+        decision = decide(answer, 1, 0.0, RetryPolicy(), random.Random(1), 0.0)
+        assert isinstance(decision, Retry) == (reason in sidecar.RETRYABLE_REASONS), reason
+    retired = Answer(409, {sidecar.REASON_HEADER: sidecar.RefusalReason.REVISION_RETIRED,
+                           **dict(sidecar.retry_headers(sidecar.RefusalReason.REVISION_RETIRED))}, b"{}")
+    assert isinstance(decide(retired, 1, 0.0, RetryPolicy(), random.Random(1), 0.0), RevisionRetired)
 
 
 def test_the_clients_routes_are_served_by_the_gateway() -> None:

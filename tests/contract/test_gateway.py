@@ -1,10 +1,12 @@
-"""Every SGLang route is either proxied by the gateway or refused with 403, and the engine load the
-gateway reads is made of series SGLang exports."""
+"""Every SGLang route is either proxied by the gateway or refused with 403 (the gateway's own routes are none of
+them), and the engine load the gateway reads is made of series SGLang exports."""
 
 from __future__ import annotations
 
+from genrm_contract.demand import DEMAND_PATH
+from genrm_contract.revisions import REVISION_PATH, REVISIONS_PATH
 from genrm_gateway.engine import parse_sglang_metrics
-from genrm_gateway.routes import BLOCKED_ENGINE_PATHS, PROXIED
+from genrm_gateway.routes import BLOCKED_ENGINE_PATHS, GATEWAY_PATHS, PROXIED
 from genrm_sim.api import create_app
 from genrm_sim.config import SimConfig
 from genrm_sim.contract import Contract
@@ -19,6 +21,14 @@ def test_every_sglang_route_is_proxied_or_refused_and_nothing_else_is_listed(sgl
         "not an SGLang route": sorted((proxied | blocked) - contract_paths)}
     for path, route in PROXIED.items():
         assert route.method in sglang.route(path).methods, path
+
+
+def test_the_gateways_own_routes_are_no_engines(sglang: Contract) -> None:
+    """Demand hints and the revision document are the gateway's: none hides an SGLang route."""
+    assert GATEWAY_PATHS == {DEMAND_PATH, REVISION_PATH} and REVISIONS_PATH not in GATEWAY_PATHS
+    contract_paths = {r.path for r in sglang.routes}
+    for path in GATEWAY_PATHS:
+        assert path not in contract_paths and path not in PROXIED and path not in BLOCKED_ENGINE_PATHS, path
 
 
 def test_templated_sglang_routes_are_refused_by_their_concrete_paths() -> None:

@@ -553,13 +553,14 @@ class World:
                 pod.published = published
             case Verify(name=name, uid=uid, reference=reference, context=context):
                 self.verify(name, uid, reference, context)
-            case Drain(name=name, drain_id=did, phase=phase, reason=reason):
+            case Drain(name=name, drain_id=did, phase=phase, reason=reason, active=active):
                 pod = self.pods.get(name)
                 if pod is None or not pod.reachable or did != drain_id(pod.uid):
                     return
                 sc = pod.sidecar
                 try:
-                    sc.machine = sc.machine.drain(did, DrainPhase(phase), None, self.now, sc.idle_since, reason)
+                    sc.machine = sc.machine.drain(did, DrainPhase(phase), None, self.now, sc.idle_since, reason,
+                                                  active or None)
                 except DrainConflict:
                     return  # 409: another drain is in progress
             case Undrain(name=name, drain_id=did):

@@ -28,6 +28,7 @@ import openai
 import pytest
 import yaml
 from conftest import AUTH, Stack, gateway_process, gateway_stack
+from genrm_contract.revisions import REVISION_PATH
 from genrm_contract.sidecar import ENGINE_CONFIG_FILE, ENGINE_KEY_ENV, ENGINE_KEY_FILE, PROBE_PREFIX, RefusalReason
 from genrm_gateway import cli
 from genrm_sim import cli as sim_cli
@@ -153,6 +154,14 @@ def test_judge_clients_need_the_pools_key(keyed: Stack) -> None:
     with openai.OpenAI(base_url=f"{keyed.url}/v1", api_key="none", max_retries=0) as stranger, \
             pytest.raises(openai.AuthenticationError):
         stranger.models.list()
+
+
+def test_the_revision_document_needs_the_pools_key_as_the_models_list_does(keyed: Stack) -> None:
+    for path in ("/v1/models", REVISION_PATH):
+        stranger = httpx.get(f"{keyed.url}{path}")
+        assert stranger.status_code == 401, path
+        assert stranger.headers["x-genrm-reason"] == RefusalReason.UNAUTHENTICATED, path
+        assert httpx.get(f"{keyed.url}{path}", headers=BEARER).status_code == 200, path
 
 
 def test_sglangs_open_paths_stay_open_and_server_info_never_shows_the_key(keyed: Stack) -> None:

@@ -124,7 +124,7 @@ def view_of(document: StateDocument, received_at: float) -> SidecarView:
     idle_from = received_at - document.idle_since_seconds \
         if document.idle and document.idle_since_seconds is not None else None
     return SidecarView(state=document.state, inflight=document.inflight, engine_healthy=document.engine.healthy,
-                       idle_from=idle_from, demand=document.demand, reason=document.reason)
+                       idle_from=idle_from, demand=document.demand, reason=document.drain_reason)
 
 
 class SidecarClient:
