@@ -85,7 +85,7 @@ def _run_step(step: Step, url: str, model: str, client: openai.OpenAI, session: 
         try:
             step.revisions |= future.result()
             step.verdicts += 1
-        except Exception as exc:  # noqa: BLE001 - every failure is counted and shown
+        except Exception as exc:
             step.failures.append(f"{type(exc).__name__}: {exc}")
     step.ended = time.time()
 
@@ -114,6 +114,36 @@ def _promotion_events(cluster: Cluster, namespace: str) -> list[tuple[float, str
                                           .replace("Z", "+00:00")).timestamp(), e["message"]) for e in events)
 
 
+def _awaiting(cluster: Cluster, namespace: str, judge_to: str | None = None) -> dict[str, Any] | None:
+    """The running switch once it awaits its promotion (toward ``judge_to`` when given)."""
+    op = dict(_status(cluster, namespace).get("operation") or {})
+    ready = op.get("phase") == "AwaitingPromotion" and judge_to in (None, op.get("judgeTo"))
+    return op if ready else None
+
+
+def _promote(cluster: Cluster, namespace: str, revision: str) -> None:
+    cluster.kubectl("annotate", "genrmpool", POOL, "-n", namespace, f"genrm.io/promote={revision}", "--overwrite")
+
+
+def _manual_promotion_under_an_operator_kill(cluster: Cluster, namespace: str, operator: OperatorProcess) -> None:
+    _patch(cluster, namespace, {"judgeUpdate": {"blueGreen": {"promotion": "Manual", "scaleDownDelaySeconds": 120}},
+                                "model": {"path": "sim/judge-v4"}})
+    waiting = wait_for("the preview to await its promotion", lambda: _awaiting(cluster, namespace), 120, interval=0.2)
+    _promote(cluster, namespace, waiting["judgeTo"])
+    operator.kill()
+    time.sleep(1)
+    operator.start()
+    wait_for("the manual promotion", lambda: _active(cluster, namespace) == waiting["judgeTo"], 60)
+
+
+def _rollback(cluster: Cluster, namespace: str, previous: str) -> None:
+    _patch(cluster, namespace, {"model": {"path": "sim/judge-v3"}})
+    back = wait_for("the switch back to await its promotion", lambda: _awaiting(cluster, namespace, previous), 60,
+                    interval=0.2)
+    _promote(cluster, namespace, back["judgeTo"])
+    wait_for("the rollback", lambda: _active(cluster, namespace) == previous, 30)
+
+
 def test_twenty_steps_three_judge_changes_and_a_rollback_never_mix_a_step(
     cluster: Cluster, operator: OperatorProcess, namespace: str
 ) -> None:
@@ -127,7 +157,7 @@ def test_twenty_steps_three_judge_changes_and_a_rollback_never_mix_a_step(
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")  # default retries and timeouts
     session, session_lock = requests.Session(), threading.Lock()
     steps: list[Step] = []
-    rollbacks = 0
+    rollbacks, before = 0, first
     with ThreadPoolExecutor(max_workers=8) as workers:
         for n in range(STEPS):
             step = Step(n)
@@ -143,26 +173,9 @@ def test_twenty_steps_three_judge_changes_and_a_rollback_never_mix_a_step(
                 _patch(cluster, namespace, {"model": {"path": "sim/judge-v3"}})
             if n == 13:  # a manual promotion with the operator SIGKILLed under it, then a rollback
                 before = _active(cluster, namespace)
-                _patch(cluster, namespace, {"judgeUpdate": {"blueGreen": {"promotion": "Manual",
-                                                                            "scaleDownDelaySeconds": 120}},
-                                            "model": {"path": "sim/judge-v4"}})
-                waiting = wait_for("the preview to await its promotion", lambda: (
-                    op if (op := _status(cluster, namespace).get("operation") or {}).get("phase")
-                    == "AwaitingPromotion" else None), 120, interval=0.2)
-                cluster.kubectl("annotate", "genrmpool", POOL, "-n", namespace,
-                                f"genrm.io/promote={waiting['judgeTo']}", "--overwrite")
-                operator.kill()
-                time.sleep(1)
-                operator.start()
-                wait_for("the manual promotion", lambda: _active(cluster, namespace) == waiting["judgeTo"], 60)
+                _manual_promotion_under_an_operator_kill(cluster, namespace, operator)
             if n == 16:  # roll back within the scale-down delay: the previous revision, still fenced, comes back
-                _patch(cluster, namespace, {"model": {"path": "sim/judge-v3"}})
-                back = wait_for("the switch back to await its promotion", lambda: (
-                    op if (op := _status(cluster, namespace).get("operation") or {}).get("judgeTo") == before
-                    and op.get("phase") == "AwaitingPromotion" else None), 60, interval=0.2)
-                cluster.kubectl("annotate", "genrmpool", POOL, "-n", namespace,
-                                f"genrm.io/promote={back['judgeTo']}", "--overwrite")
-                wait_for("the rollback", lambda: _active(cluster, namespace) == before, 30)
+                _rollback(cluster, namespace, before)
                 rollbacks += 1
             time.sleep(GAP_SECONDS)
     wait_for("the last switch to end", lambda: not _status(cluster, namespace).get("operation"), 180)

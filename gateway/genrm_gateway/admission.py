@@ -37,6 +37,14 @@ class Admission:
         self._idle.clear()
         return True
 
+    def admit_handover(self) -> None:
+        """Count a request this fenced replica hands to the pool's new judge (a judge switch): it is
+        in flight here until its answer is written, so the replica is not Drained under it."""
+        self.inflight += 1
+        self.admitted_total += 1
+        self.idle_since = None
+        self._idle.clear()
+
     def release(self) -> None:
         """Called once per admitted request, after its last byte (or its abort) is done."""
         self.inflight -= 1

@@ -22,6 +22,7 @@ It also carries three things the gateway needs from the connection layer:
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import random
 import time
@@ -29,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httptools
-from genrm_contract.sidecar import DrainState, HandBack, RefusalReason
+from genrm_contract.sidecar import REVISION_HEADER, DrainState, HandBack, RefusalReason
 from uvicorn._types import ASGI3Application
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
@@ -107,6 +108,10 @@ Refusal = tuple[int, RefusalReason, str]
 # How long a keep-alive connection must have been idle before a soft drain closes it. A client
 # that is busy reuses its connection within milliseconds and is better served by the
 # ``Connection: close`` on its next response than by a close racing its next request.
+ANSWER_REVISION = "genrm.answer_revision"
+"""The ASGI scope extension through which the app names another judge revision for the answer's
+``x-genrm-revision`` than this replica's (every answer carries the replica's as a server header): the
+new judge's, for a request a replica fenced by a judge switch hands over (`proxy.Proxy._handover`)."""
 SOFT_DRAIN_IDLE_SECONDS = 1.0
 # Requests a client may send ahead of their answers, besides the one being answered. uvicorn parses
 # every request of a read at once and queues each one (its scope, headers and body) until the one
@@ -344,6 +349,8 @@ class GatewayProtocol(HttpToolsProtocol):
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
         self._running = cycle
+        extensions: dict[str, Any] = cycle.scope.setdefault("extensions", {})
+        extensions[ANSWER_REVISION] = functools.partial(_answer_revision, cycle)
         super()._start_asgi_task(cycle, app)
 
     def data_received(self, data: bytes) -> None:
@@ -504,6 +511,12 @@ class GatewayProtocol(HttpToolsProtocol):
             self._refuse(408, RefusalReason.HEAD_TIMEOUT, "the request head did not arrive in time")
         else:  # nothing sent: close quietly, as for an idle keep-alive connection
             self.transport.close()
+
+
+def _answer_revision(cycle: RequestResponseCycle, revision: bytes) -> None:
+    """Name ``revision`` in this answer's ``x-genrm-revision`` instead of the replica's own."""
+    cycle.default_headers = [(name, value) for name, value in cycle.default_headers
+                             if name.lower() != REVISION_HEADER.encode()] + [(REVISION_HEADER.encode(), revision)]
 
 
 def _close_if_answered_unread(cycle: RequestResponseCycle) -> None:

@@ -50,6 +50,7 @@ from starlette.types import Receive, Scope, Send
 from genrm_gateway.admission import Admission
 from genrm_gateway.body import RequestIds, correlation_id, engine_body
 from genrm_gateway.config import Limits
+from genrm_gateway.connection import ANSWER_REVISION
 from genrm_gateway.drain import DrainController
 from genrm_gateway.engine import EngineMonitor
 from genrm_gateway.errors import CLOSE_HEADER, REASON_HEADER, Refusal, send_error
@@ -163,15 +164,20 @@ class Proxy:
         except Refusal as refusal:
             await self._refuse(send, route, scope, refusal)
             return
+        handover: list[bytes] = []
         if not self._admission.try_admit():
-            await self._refuse(send, route, scope, self._fenced(pin is not None))
-            return
+            handover = self._handover(scope, pin, probe)
+            if not handover:
+                await self._refuse(send, route, scope, self._fenced(pin is not None))
+                return
+            self._admission.admit_handover()
         code = 500
         proof: tuple[tuple[bytes, bytes], ...] = ()
         try:
             forwarded, given, relayed, proof = self._forwarded(scope)
             pinned = () if pin is None else ((REVISION, pin),)
-            code = await self._exchange(route, scope, receive, send, forwarded, given, relayed, proof, probe, pinned)
+            code = await self._exchange(route, scope, receive, send, forwarded, given, relayed, proof, probe, pinned,
+                                        handover)
         except Refusal as refusal:
             code = refusal.code
             self._metrics.refused(refusal.reason)
@@ -179,6 +185,25 @@ class Proxy:
         finally:
             self._admission.release()
             self._metrics.observe(route.name, code, time.perf_counter() - started)
+
+    def _handover(self, scope: Scope, pin: bytes | None, probe: bool) -> list[bytes]:
+        """The revision whose replicas answer a request this fenced replica hands over, as its peers'
+        answers must name it, or [] to refuse the request instead.
+
+        Why hand over: after a judge switch the operator fences the old revision's gateways and tells
+        them the new revision's replicas as peers. A client still on a kept-alive connection here (or
+        sent here by a kube-proxy that has not caught up with the Service's move) is then answered by
+        the new judge at once, never by the old one, and never refused: plain clients (``requests``)
+        do not retry a 503. The answer closes the connection, so the client's next request reaches the
+        new revision directly. Not for a pinned request (it is this revision's, now retired: 409), a
+        probe (this replica's own answer or none), a request another gateway forwarded (its sender
+        offers it on), or before the operator told the active revision and the peers."""
+        active = self._drain.active_revision
+        relayed = any(name == LOOP for name, _ in scope["headers"])
+        if self._drain.reason is not DrainReason.JUDGE_SWITCHED or active is None or pin is not None or probe \
+                or relayed or not self._peers.known or control_token() is None:
+            return []
+        return [active.encode()]
 
     def _fenced(self, pinned: bool) -> Refusal:
         """Why a fenced replica refuses a request: the judge switch its fence names, else the drain."""
@@ -242,10 +267,11 @@ class Proxy:
     async def _exchange(self, route: ProxiedRoute, scope: Scope, receive: Receive, send: Send,
                         forwarded: list[tuple[bytes, bytes]], given: bytes | None, relayed: bool,
                         proof: tuple[tuple[bytes, bytes], ...], probe: bool,
-                        pinned: tuple[tuple[bytes, bytes], ...]) -> int:
+                        pinned: tuple[tuple[bytes, bytes], ...], handover: list[bytes]) -> int:
         """Forward one admitted request; returns the status code for the metrics. ``pinned`` is the
-        client's checked pin: never the engine's to see, but a peer's, which checks it again."""
-        to_peers = not self._engine.up and await self._to_peers(relayed, probe)
+        client's checked pin: never the engine's to see, but a peer's, which checks it again.
+        ``handover``: the request goes to the peers of that revision (`_handover`), not to the engine."""
+        to_peers = bool(handover) or (not self._engine.up and await self._to_peers(relayed, probe))
         abort_rid: str | None = None
         raw = b""
         if route.has_body:
@@ -274,8 +300,11 @@ class Proxy:
             if to_peers:
                 abort_rid = None  # the request never reached this engine; a peer aborts its own
                 peer = await self._forward(watcher, route, raw,
-                                           [*forwarded, (REQUEST_ID_HEADER, request_id), *pinned])
+                                           [*forwarded, (REQUEST_ID_HEADER, request_id), *pinned],
+                                           handover or self._revision_values)
                 exchange = watcher.exchange
+                if handover:
+                    scope["extensions"][ANSWER_REVISION](handover[0])
             await self._respond(exchange, scope, send, request_id, peer, proof)
             return exchange.status
         except ClientGone:
@@ -304,7 +333,7 @@ class Proxy:
             watcher.exchange.discard()  # a response not read to its end leaves its connection unusable
 
     async def _forward(self, watcher: _DisconnectWatcher, route: ProxiedRoute, body: bytes,
-                       headers: list[tuple[bytes, bytes]]) -> str:
+                       headers: list[tuple[bytes, bytes]], revision: list[bytes]) -> str:
         """Offer the request to the peers in turn until one takes it; returns that peer, with its
         answer's head in ``watcher.exchange``.
 
@@ -313,9 +342,10 @@ class Proxy:
         ends the request (``EngineError``): it may have been judged, so it is never sent twice.
         An answer without the proof of its nonce comes from no gateway of the pool (a stale address
         now another pod's): it is dropped and the client gets a 502. A proven answer that names
-        another judge revision than this replica's (a peer list from across a judge switch) is
-        dropped as a refusal would be, whatever its status: the client, whose pin this replica
-        checked, must never get another judge's verdict; the next peer is offered the request. A
+        another judge revision than ``revision`` (this replica's, or the new judge's for a request it
+        hands over after a switch; a peer list from across a judge switch) is dropped as a refusal
+        would be, whatever its status: the client, whose pin this replica checked, must never get
+        another judge's verdict; the next peer is offered the request. A
         client that left ends the forward (ClientGone) before any further peer is offered it."""
         token = control_token()
         try:
@@ -339,7 +369,7 @@ class Proxy:
                         raise Refusal(502, RefusalReason.PEER_UNPROVEN,
                                       f"the replica at {peer} did not prove it one of this pool's; its answer "
                                       "was dropped")
-                    if _revisions(exchange) != self._revision_values:
+                    if _revisions(exchange) != revision:
                         exchange.discard()
                         continue
                     self._metrics.forwarded(ForwardOutcome.SERVED)

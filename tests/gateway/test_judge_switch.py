@@ -320,3 +320,31 @@ def test_a_forwarded_request_keeps_its_pin_and_a_switched_peer_is_passed_over() 
     assert error(own) == (409, RefusalReason.REVISION_RETIRED,
                           f"judge revision {BLUE} is retired: the pool's judge changed to {GREEN}")
     assert own.headers[FORWARDED_TO_HEADER] == f"127.0.0.1:{retired.port}"
+
+
+def test_a_replica_fenced_for_a_switch_hands_what_still_reaches_it_to_the_new_judge() -> None:
+    """Told the new revision's replicas as peers, a fenced blue replica answers an unpinned request
+    through a green one (the new judge's verdict, named green, the connection closed so the client's
+    next request goes to green directly), counted in flight here meanwhile; a pinned one is still
+    this retired revision's 409; without peers it is the retryable 503 as before."""
+    with judge_stack(BLUE) as old, judge_stack(GREEN, sim_args=("--sim-ttft-ms", "1500")) as green:
+        fence(old, "genrm/blue-2", reason="judgeSwitched", activeRevision=GREEN)
+        alone = httpx.post(f"{old.url}/generate", json=JUDGE, timeout=10)
+        assert error(alone)[:2] == (503, RefusalReason.JUDGE_SWITCHED)
+        tell_peers(old, green, version=1)
+        answers: list[httpx.Response] = []
+        handed = threading.Thread(target=lambda: answers.append(
+            httpx.post(f"{old.url}/generate", json={**JUDGE, "sampling_params": {"max_new_tokens": 64}}, timeout=30)))
+        handed.start()
+        deadline = time.monotonic() + 5
+        while old.state()["inflight"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert old.state()["inflight"] == 1, "a handed-over request is in flight at the fenced replica"
+        handed.join(30)
+        [answer] = answers
+        assert answer.status_code == 200 and answer.headers[FORWARDED_TO_HEADER] == f"127.0.0.1:{green.port}"
+        assert answer.headers[REVISION_HEADER] == answer.json()["meta_info"]["weight_version"] == GREEN
+        assert answer.headers["connection"] == "close"
+        own = httpx.post(f"{old.url}/generate", json=JUDGE, headers=pinned(BLUE), timeout=10)
+        assert error(own)[:2] == (409, RefusalReason.REVISION_RETIRED)
+        assert green.state()["completedTotal"] == 1 and old.state()["inflight"] == 0

@@ -50,6 +50,7 @@ from .scale_in import advance_victims, held_note
 from .scale_out import create, may_create, noted_failures, publish_or_verify, retry_creates
 from .step import VICTIM_PHASES, Step, emit, finish, gpu_holders, pending_creates, set_phase, victim_names
 
+
 def judge_of(s: Step, r: Replica) -> str:
     """A replica's judge revision; a pod made before judge revisions counts as the active one's."""
     return r.pod.judge or s.active_judge

@@ -12,7 +12,8 @@ crash spread. The serving replicas are sorted once per step and each list is rea
 its starting point, so a step costs the same per replica in a pool of any size. Replicas of
 different judge revisions are never each other's peers (a forwarded request must get the same
 judge's verdict), except that a gateway fenced for a judge switch is told the new revision's
-replicas: it answers what still reaches it through them (`judgeswitch`). Pure: the shell passes the pod IPs in and delivers the lists (`shell.peers`).
+replicas: it answers what still reaches it through them (`judgeswitch`). Pure: the shell passes
+the pod IPs in and delivers the lists (`shell.peers`).
 """
 
 from __future__ import annotations

@@ -67,7 +67,8 @@ class Executor:
                     annotations = {EVER_PUBLISHED_ANNOTATION: "true"} if published else {}
                     await self.kube.patch_pod_meta(ns, name, uid, {PUBLISHED_LABEL: str(published).lower()},
                                                    annotations)
-                case Drain(name=name, drain_id=drain_id, phase=phase, reason=reason, active=active) if name in endpoints:
+                case Drain(name=name, drain_id=drain_id, phase=phase, reason=reason,
+                           active=active) if name in endpoints:
                     self.reported(name, await self.sidecars.drain(endpoints[name], DrainRequest(
                         drain_id=drain_id, phase=DrainPhase(phase), quiet_seconds=spec.drain.quiet_seconds,
                         reason=reason, active_revision=active or None)))
