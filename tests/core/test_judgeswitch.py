@@ -21,6 +21,7 @@ from genrm_operator.core.childrenplan import PatchChild
 from genrm_operator.core.clock import stamp
 from genrm_operator.core.conditions import find
 from genrm_operator.core.judge import judge_revision
+from genrm_operator.core.judgeswitch import PEERS_LEAD_SECONDS, told_revisions
 from genrm_operator.core.model import CreatePod, Drain, Observed, ObservedChildren, SetPublished, Undrain, Verify
 from genrm_operator.core.names import JUDGE_REVISION_LABEL
 from genrm_operator.core.reconcile import reconcile
@@ -202,7 +203,7 @@ def test_the_service_pins_the_active_revision_from_the_written_status_before_a_p
     assert [a for a in pinned.actions if isinstance(a, SetPublished) and a.name == "judge-1" and a.published]
 
 
-def test_the_previous_revision_is_fenced_only_once_the_service_selects_the_promoted_one() -> None:
+def test_the_previous_revision_is_fenced_once_the_service_selects_the_promoted_one_and_its_peers_had_time() -> None:
     spec = make_spec(1, model={"path": "judge-v2"}, **blue_green("Auto"))
     new = judge_revision(spec)
     status = switching_status("old0000000", new)
@@ -214,6 +215,21 @@ def test_the_previous_revision_is_fenced_only_once_the_service_selects_the_promo
     obs = observe(spec, pods, status=status)
     before = reconcile(with_service(obs, "old0000000"))
     assert not [a for a in before.actions if isinstance(a, Drain)]
-    after = reconcile(with_service(obs, new))
+    # The Service moved, but the old gateways' new peers may not have reached them yet.
+    assert not [a for a in reconcile(with_service(obs, new)).actions if isinstance(a, Drain)]
+    after = reconcile(with_service(dataclasses.replace(obs, now=NOW + PEERS_LEAD_SECONDS), new))
     assert [a for a in after.actions if isinstance(a, Drain)] == [
         Drain("judge-0", "genrm/uid-judge-0", DrainPhase.FENCE, DrainReason.JUDGE_SWITCHED, new)]
+
+
+def test_the_gateways_are_told_the_active_and_preview_revisions_from_the_written_status() -> None:
+    spec = make_spec(1, model={"path": "judge-v2"}, **blue_green("Manual"))
+    new = judge_revision(spec)
+    assert told_revisions(observe(spec, [])) is None
+    status = switching_status("old0000000", new)
+    assert told_revisions(observe(spec, [], status=status)) == ("old0000000", new)
+    assert status.operation is not None and status.judge is not None
+    promoted = status.model_copy(update={"judge": status.judge.evolve(active=new), "operation": status.operation.evolve(
+        phase=OperationPhase.PROMOTED, promoted_at=stamp(NOW))})
+    assert told_revisions(observe(spec, [], status=promoted)) == (new, None)
+    assert told_revisions(observe(spec, [], status=promoted.model_copy(update={"operation": None}))) == (new, None)

@@ -80,6 +80,18 @@ def pinned_judge(obs: Observed) -> str | None:
     return None
 
 
+def told_revisions(obs: Observed) -> tuple[str, str | None] | None:
+    """The pool's active and preview judge revisions as its gateways are told them (their revision
+    document, `genrm_contract.revisions`), from the written status like the Service's pin; None
+    before the pool has a recorded judge."""
+    judge, op = obs.status.judge, obs.status.operation
+    if judge is None:
+        return None
+    switching = op is not None and op.type is OperationType.JUDGE_SWITCH and op.promoted_at is None
+    preview = op.judge_to if switching and op is not None and op.judge_to != judge.active else None
+    return judge.active, preview
+
+
 def service_selects(obs: Observed, judge: str) -> bool:
     """Whether the observed pool Service selects ``judge`` alone (True in a world without children)."""
     if obs.children is None:
@@ -113,7 +125,7 @@ def advance_judge_switch(s: Step, op: Operation) -> Operation | None:
     if op.promoted_at is None and op.judge_to != s.active_judge:
         return bring_up_preview(s, op)
     previous = [r for r in s.replicas if judge_of(s, r) != s.active_judge and r.pod.name not in victim_names(op)]
-    fence_previous(s, previous)
+    fence_previous(s, previous, op.promoted_at.timestamp() if op.promoted_at is not None else None)
     delay = float(s.obs.spec.judge_update.blue_green.scale_down_delay_seconds)
     # Retired only once seen fenced: a victim is soft-drained first, which would let it admit
     # requests again if that call overtook the fence.
@@ -151,12 +163,22 @@ def retire(s: Step, op: Operation, replicas: list[Replica], judge: str) -> Opera
                                              for r in leaving)])
 
 
-def fence_previous(s: Step, previous: list[Replica]) -> None:
+PEERS_LEAD_SECONDS = 2.0
+"""How long after its promotion the previous revision is fenced at the soonest. Its gateways are told
+the new revision's replicas as peers from the first step after the record (`core.peers.forwards_to`),
+pushed within the shell's settle second; fenced once they hold them, they hand over what still reaches
+them instead of refusing it."""
+
+
+def fence_previous(s: Step, previous: list[Replica], promoted_at: float | None) -> None:
     """Fence the previous revision's admitting gateways at once, naming the switch, once the observed
-    Service selects the new revision: a kept-alive client's next request is refused and reconnects
-    there. Fencing earlier would only send its retries back to the same revision. The fence is held
-    (never Drained by itself) for a rollback within the scale-down delay (`release_held_fences`)."""
-    if not service_selects(s.obs, s.active_judge):
+    Service selects the new revision and their new peers had `PEERS_LEAD_SECONDS` to reach them: what
+    still reaches them (a kept-alive connection) is then handed to the new judge, and the connection
+    closed after it. Fencing before the Service moved would only send retries back to the same
+    revision. The fence is held (never Drained by itself) for a rollback within the scale-down delay
+    (`release_held_fences`)."""
+    early = promoted_at is not None and s.now < promoted_at + PEERS_LEAD_SECONDS
+    if early or not service_selects(s.obs, s.active_judge):
         return
     for r in previous:
         if r.sidecar is not None and r.sidecar.state in ADMITTING_STATES:

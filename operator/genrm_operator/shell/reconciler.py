@@ -33,6 +33,7 @@ from ..autoscaling.demand import is_new
 from ..core import activation
 from ..core.autoscale import reported_hints
 from ..core.childrenplan import CHILD_FAILED
+from ..core.judgeswitch import told_revisions
 from ..core.model import REPORT_DELAY_SECONDS, Event, Observed, deliver
 from ..core.names import PROMOTE_ANNOTATION
 from ..core.peers import peer_lists
@@ -48,6 +49,7 @@ from .kube import Conflict, Kube, api_message
 from .observe import pod_ip
 from .observer import PodSource, PoolObserver, PoolSource, ProductSource, no_products
 from .peers import PeerPusher
+from .revisions import RevisionTeller
 from .sidecar import Endpoint, SidecarClient
 from .sidecarwatch import SidecarWatch
 
@@ -80,6 +82,7 @@ class PoolReconciler:
         self.balancer = PoolBalancer(sidecars, namespace, name)
         self.watch = SidecarWatch(sidecars, self.wake.set)
         self.peers = PeerPusher(sidecars)
+        self.revisions = RevisionTeller(sidecars)
         self.executor = Executor(kube, sidecars, post_event, namespace, name,
                                  lambda pod, document: self.watch.offer(pod, document))
         self._unwritten_since: float | None = None
@@ -121,6 +124,7 @@ class PoolReconciler:
             metrics.ACTIVE_POOLS.dec()
             await self.balancer.close()
             await self.peers.close()
+            await self.revisions.close()
             await self.watch.close()
             await self.autoscaler.close()
 
@@ -254,6 +258,7 @@ class PoolReconciler:
         self.balancer.follow({n: endpoints[n] for n in published if n in endpoints}, self.watch.documents())
         self.peers.follow(peer_lists(observed, {n: e.ip for n, e in endpoints.items()}), endpoints,
                           self.watch.documents())
+        self.revisions.follow(told_revisions(observed), endpoints, self.watch.documents())
         version = str(meta.get("resourceVersion", ""))
         # The write-then-act rule is the core's (`deliver`), the one the core tests' world follows.
         now = time.monotonic()

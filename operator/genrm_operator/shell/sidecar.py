@@ -23,6 +23,7 @@ from typing import Any
 
 import aiohttp
 from genrm_contract.peers import FORWARDED_TO_HEADER, PEERS_PATH, PeersDocument
+from genrm_contract.revisions import REVISIONS_PATH, RevisionsDocument
 from genrm_contract.sidecar import (
     DRAIN_PATH,
     PROBE_PREFIX,
@@ -193,6 +194,18 @@ class SidecarClient:
             return PeersDocument.model_validate_json(text) if status == 200 else None
         except ValidationError:
             return None
+
+    async def revisions(self, ep: Endpoint, document: RevisionsDocument) -> bool:
+        """POST /v1/revisions: whether the gateway answered for good (it took the pool's revisions, or
+        refused them as a gateway older than judge switches does, which a retry would not change);
+        False when it could not be reached or failed, to be told again at a later step."""
+        try:
+            async with self._http.post(f"{ep.control}{REVISIONS_PATH}", headers=ep.headers,
+                                       json=document.wire()) as response:
+                return response.status < 500
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.debug("sidecar %s %s failed: %r", ep.control, REVISIONS_PATH, exc)
+            return False
 
     async def _control(self, ep: Endpoint, path: str, request: DrainRequest | UndrainRequest) -> StateDocument | None:
         text = await self._post(ep, path, request)
