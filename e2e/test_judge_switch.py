@@ -23,71 +23,21 @@ from __future__ import annotations
 import json
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import openai
 import pytest
-import requests
 
 from .harness import Cluster, OperatorProcess, pool_manifest, wait_for
+from .steps import Step, StepLoad, mixed
 
 POOL = "switch"
 STEPS = 20
-PER_CLIENT = 12
-"""Verdicts per client per step."""
-GAP_SECONDS = 3.0
-"""The idle gap between two steps: longer than the pool's idleGapSeconds (1)."""
-REVISION_HEADER = "x-genrm-revision"
+GAP_SECONDS = 8.0
+"""The idle gap between two steps: longer than the pool's idleGapSeconds (1) plus the switch itself (the
+gateways' idle report, the Service's move, the previous revision's fence: docs/judge-changes.md)."""
 
 pytestmark = pytest.mark.timeout(900)
-
-
-@dataclass
-class Step:
-    number: int
-    started: float = 0.0
-    ended: float = 0.0
-    revisions: set[str] = field(default_factory=set)
-    """Judge revisions of the step's verdicts, from the header and from the body alike."""
-    verdicts: int = 0
-    failures: list[str] = field(default_factory=list)
-
-
-def _openai_verdict(client: openai.OpenAI, model: str, step: int, i: int) -> set[str]:
-    raw = client.chat.completions.with_raw_response.create(
-        model=model, messages=[{"role": "user", "content": f"step {step} candidate {i}: is 2+2=4?"}],
-        max_tokens=8, temperature=0)
-    body = raw.http_response.json()
-    return {raw.headers.get(REVISION_HEADER, "-"), str((body.get("metadata") or {}).get("weight_version", "-"))}
-
-
-def _requests_verdict(session: requests.Session, url: str, step: int, i: int) -> set[str]:
-    answer = session.post(f"{url}/generate", json={"text": f"step {step} candidate {i}: is 2+2=4?",
-                                                   "sampling_params": {"max_new_tokens": 8, "temperature": 0}},
-                          timeout=30)
-    answer.raise_for_status()
-    meta = answer.json().get("meta_info") or {}
-    return {answer.headers.get(REVISION_HEADER, "-"), str(meta.get("weight_version", "-"))}
-
-
-def _run_step(step: Step, url: str, model: str, client: openai.OpenAI, session: requests.Session,
-              pool: ThreadPoolExecutor, session_lock: threading.Lock) -> None:
-    def locked_requests(i: int) -> set[str]:
-        with session_lock:  # one kept-alive connection, as a trainer's single session has
-            return _requests_verdict(session, url, step.number, i)
-    step.started = time.time()
-    futures = [pool.submit(_openai_verdict, client, model, step.number, i) for i in range(PER_CLIENT)]
-    futures += [pool.submit(locked_requests, i) for i in range(PER_CLIENT)]
-    for future in futures:
-        try:
-            step.revisions |= future.result()
-            step.verdicts += 1
-        except Exception as exc:
-            step.failures.append(f"{type(exc).__name__}: {exc}")
-    step.ended = time.time()
 
 
 def _patch(cluster: Cluster, namespace: str, spec: dict[str, Any]) -> None:
@@ -149,26 +99,25 @@ def test_twenty_steps_three_judge_changes_and_a_rollback_never_mix_a_step(
 ) -> None:
     judge_update = {"strategy": "BlueGreen",
                     "blueGreen": {"promotion": "IdleGap", "idleGapSeconds": 1, "scaleDownDelaySeconds": 3}}
-    cluster.kubectl("apply", "-f", "-", input=pool_manifest(POOL, namespace, replicas=2, judgeUpdate=judge_update))
-    pool = cluster.wait_serving(namespace, POOL, 2)
+    # One served name for every judge: clients keep their model name while the weights (the path) change.
+    cluster.kubectl("apply", "-f", "-", input=pool_manifest(POOL, namespace, replicas=2, judgeUpdate=judge_update,
+                                                            model={"path": "sim/judge", "servedName": "judge"}))
+    cluster.wait_serving(namespace, POOL, 2)
     url = cluster.service_answering(namespace, POOL)
-    model = pool["spec"]["model"]["path"]
+    model = "judge"
     first = _active(cluster, namespace)
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")  # default retries and timeouts
-    session, session_lock = requests.Session(), threading.Lock()
+    load = StepLoad(url, model)
     steps: list[Step] = []
     rollbacks, before = 0, first
-    with ThreadPoolExecutor(max_workers=8) as workers:
+    try:
         for n in range(STEPS):
-            step = Step(n)
             if n == 3:  # mid-step: promoted at the next idle gap
                 changer = threading.Timer(0.2, _patch, (cluster, namespace, {"model": {"path": "sim/judge-v2"}}))
                 changer.start()
-                _run_step(step, url, model, client, session, workers, session_lock)
+                steps.append(load.step(n))
                 changer.join()
             else:
-                _run_step(step, url, model, client, session, workers, session_lock)
-            steps.append(step)
+                steps.append(load.step(n))
             if n == 8:  # mid-gap
                 _patch(cluster, namespace, {"model": {"path": "sim/judge-v3"}})
             if n == 13:  # a manual promotion with the operator SIGKILLed under it, then a rollback
@@ -178,13 +127,15 @@ def test_twenty_steps_three_judge_changes_and_a_rollback_never_mix_a_step(
                 _rollback(cluster, namespace, before)
                 rollbacks += 1
             time.sleep(GAP_SECONDS)
+    finally:
+        load.close()
     wait_for("the last switch to end", lambda: not _status(cluster, namespace).get("operation"), 180)
     lost = sum(len(s.failures) for s in steps)
-    mixed = [s for s in steps if len(s.revisions) != 1]
+    mixed_steps = mixed(steps)
     promotions = _promotion_events(cluster, namespace)
-    print(f"\njudge-switch-e2e: steps={len(steps)} mixed_steps={len(mixed)} lost={lost} "
+    print(f"\njudge-switch-e2e: steps={len(steps)} mixed_steps={len(mixed_steps)} lost={lost} "
           f"promotions={len(promotions)} rollbacks={rollbacks}", flush=True)
-    assert not mixed, [(s.number, sorted(s.revisions)) for s in mixed]
+    assert not mixed_steps, [(s.number, sorted(s.revisions)) for s in mixed_steps]
     assert lost == 0, [(s.number, s.failures[:3]) for s in steps if s.failures]
     assert len({next(iter(s.revisions)) for s in steps}) == 4 and next(iter(steps[0].revisions)) == first
     # Idle-gap promotions (the first two switches) fall between steps, never inside one.

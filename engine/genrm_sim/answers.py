@@ -63,6 +63,7 @@ class AnswerKey:
     """Everything an answer depends on besides the prompt and the sampling parameters."""
 
     model: str
+    """The model path: the weights, which decide the answers (the served name does not)."""
     deterministic: bool
     perturbed: bool = False
 

@@ -114,7 +114,9 @@ class Simulator:
         self.metrics = SimMetrics(config)
         self.scheduler = Scheduler(config, self.metrics)
         self.metrics.watch(self.scheduler)
-        self._key = AnswerKey(config.served_model_name, config.enable_deterministic_inference, config.perturb)
+        # The weights decide an answer, not the name clients use for them: another model path is
+        # another judge (a judge switch must show in the verdicts), a new served name is not.
+        self._key = AnswerKey(config.model_path, config.enable_deterministic_inference, config.perturb)
         self._failures = random.Random(config.random_seed)
         self.health_timeout = contract.load().health_check_timeout_seconds
         """SGLang's HEALTH_CHECK_TIMEOUT: how long /health waits for output before answering 503."""
