@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml hack/pyproject.toml clien
 CLUSTER ?= local
 VERSION := $(shell sed -n "s/^version = \"\(.*\)\"/\1/p" pyproject.toml)
 
-.PHONY: venv tools test unit lint e2e test-real-engine engine-env soak dev crds docs sglang-contract bench-gateway bench-parts bench-autoscaler bench-spread bench-scale-to-zero bench-operator images control-plane clean
+.PHONY: venv tools test unit lint e2e test-real-engine engine-env soak dev crds docs sglang-contract bench-gateway bench-parts bench-autoscaler bench-spread bench-scale-to-zero bench-judge-switch bench-operator images control-plane clean
 
 ## venv: the project, its trainer-side client (client/pyproject.toml: genrm-client, installed alone on
 ## training machines) and its development tools (hack/pyproject.toml: local cluster, benchmarks, test
@@ -107,6 +107,11 @@ bench-spread: venv tools control-plane
 ## (first answers beside the steady p50, requests held at zero, idle -> zero time)
 bench-scale-to-zero: venv tools control-plane
 	GENRM_BIN_DIR="$$(hack/control-plane.sh)" $(PY) -m bench.scale_to_zero
+
+## bench-judge-switch: a blue/green judge switch on a pool of 4 replicas under step load (change to
+## promotion, GPU-seconds beyond the pool, steps answered by two judges, verdicts lost)
+bench-judge-switch: venv tools control-plane
+	GENRM_BIN_DIR="$$(hack/control-plane.sh)" $(PY) -m bench.judge_switch
 
 ## bench-operator: operator reaction, publish overhead and cost beside the ReplicaSet controller;
 ## SIZES=PxR,... (pools x replicas), MODE=hollow|real|both (default both: 5x3,20x3 real, 10x5,50x20 hollow)
