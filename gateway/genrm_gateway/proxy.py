@@ -142,7 +142,8 @@ class Proxy:
         self._peers = peers
         self._revisions = revisions
         # What a peer's answer must say of its revision: this replica's own (whose pin it checked).
-        self._revision_values = [] if revisions.own is None else [revisions.own.encode()]
+        self._own = None if revisions.own is None else revisions.own.encode()
+        self._revision_values = [] if self._own is None else [self._own]
         self._drain = drain
         self._engine = engine
         self._pool = pool
@@ -160,13 +161,14 @@ class Proxy:
                                                            f"{route.name} accepts {route.method} only"))
             return
         try:
-            pin = self._revisions.pinned(scope["headers"])
+            pin = self._revisions.pinned(scope["headers"], self._successor(scope, probe))
         except Refusal as refusal:
             await self._refuse(send, route, scope, refusal)
             return
-        handover: list[bytes] = []
+        # Pinned to the revision that took this one's place: answered by it, whether fenced yet or not.
+        handover = [pin] if pin is not None and pin != self._own else []
         if not self._admission.try_admit():
-            handover = self._handover(scope, pin, probe)
+            handover = handover or self._handover(scope, pin, probe)
             if not handover:
                 await self._refuse(send, route, scope, self._fenced(pin is not None))
                 return
@@ -185,6 +187,17 @@ class Proxy:
         finally:
             self._admission.release()
             self._metrics.observe(route.name, code, time.perf_counter() - started)
+
+    def _successor(self, scope: Scope, probe: bool) -> str | None:
+        """The judge revision that took this replica's place, when this replica can hand it requests
+        (told the new revision's replicas as peers, the request neither a probe nor forwarded here):
+        the fence's active revision, else the pool's as the operator told it. None otherwise."""
+        fenced = self._drain.reason is DrainReason.JUDGE_SWITCHED
+        active = self._drain.active_revision if fenced else self._revisions.told.active
+        if active is None or active == self._revisions.own or probe or not self._peers.known \
+                or control_token() is None or any(name == LOOP for name, _ in scope["headers"]):
+            return None
+        return active
 
     def _handover(self, scope: Scope, pin: bytes | None, probe: bool) -> list[bytes]:
         """The revision whose replicas answer a request this fenced replica hands over, as its peers'
@@ -305,7 +318,7 @@ class Proxy:
                 exchange = watcher.exchange
                 if handover:
                     scope["extensions"][ANSWER_REVISION](handover[0])
-            await self._respond(exchange, scope, send, request_id, peer, proof)
+            await self._respond(exchange, scope, send, request_id, peer, proof, bool(handover))
             return exchange.status
         except ClientGone:
             watcher.exchange.discard()
@@ -412,11 +425,12 @@ class Proxy:
                           close=True) from None
 
     async def _respond(self, exchange: Exchange, scope: Scope, send: Send, request_id: bytes,
-                       peer: str | None, proof: tuple[tuple[bytes, bytes], ...]) -> None:
+                       peer: str | None, proof: tuple[tuple[bytes, bytes], ...], handed_over: bool = False) -> None:
         """The answer, from the engine or from ``peer``; ``proof`` proves it to the peer gateway that
         forwarded the request here. A peer's answer keeps the client's connection: its next request
         is answered through a peer again, or by the engine once it is back, while a new connection
-        could find the Service without a ready endpoint (this replica was its last)."""
+        could find the Service without a ready endpoint (this replica was its last). An answer handed
+        over to a judge switch's new revision closes it: the client's next request goes there."""
         headers = [(name, value) for name, value in exchange.headers if name not in _HOP_BY_HOP]
         headers.append((REQUEST_ID_HEADER, request_id))
         headers += proof
@@ -425,7 +439,7 @@ class Proxy:
             headers.append((FORWARDED_TO, peer.encode()))
         if draining:
             headers.append(DRAINING_HEADER)
-        if draining:
+        if draining or handed_over:
             headers.append(CLOSE_HEADER)
         if exchange.streamed and scope["http_version"] == "1.0":
             body = await self._whole_stream(exchange)

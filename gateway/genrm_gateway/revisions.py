@@ -36,10 +36,12 @@ class Revisions:
         self.told = document
         return document
 
-    def pinned(self, headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    def pinned(self, headers: list[tuple[bytes, bytes]], successor: str | None = None) -> bytes | None:
         """A request's pin, checked: None without one; a 400 for a malformed or repeated one (it goes
-        into this gateway's answers and a peer's request); a 409 when it is not this replica's revision
-        (any pin, on a gateway given no revision: it can vouch for none)."""
+        into this gateway's answers and a peer's request); a 409 when it is neither this replica's
+        revision nor its ``successor`` (the revision that took its place in a judge switch, to which
+        it hands the request: `proxy.Proxy._successor`), and any pin on a gateway given no revision:
+        it can vouch for none."""
         pin: bytes | None = None
         for name, value in headers:
             if name == REVISION:
@@ -47,7 +49,7 @@ class Revisions:
                     raise Refusal(400, RefusalReason.INVALID_HEADER,
                                   f"{REVISION_HEADER} is one judge revision, matching {JUDGE_REVISION_PATTERN}")
                 pin = value
-        if pin is not None and pin.decode() != self.own:
+        if pin is not None and pin.decode() != self.own and (successor is None or pin.decode() != successor):
             raise Refusal(409, RefusalReason.REVISION_RETIRED,
                           f"this pool answers with judge revision {self.own or '(none)'}; revision {pin.decode()} "
                           "is not served here")

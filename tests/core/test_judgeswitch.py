@@ -22,7 +22,16 @@ from genrm_operator.core.clock import stamp
 from genrm_operator.core.conditions import find
 from genrm_operator.core.judge import judge_revision
 from genrm_operator.core.judgeswitch import PEERS_LEAD_SECONDS, told_revisions
-from genrm_operator.core.model import CreatePod, Drain, Observed, ObservedChildren, SetPublished, Undrain, Verify
+from genrm_operator.core.model import (
+    CreatePod,
+    Drain,
+    LabelJudge,
+    Observed,
+    ObservedChildren,
+    SetPublished,
+    Undrain,
+    Verify,
+)
 from genrm_operator.core.names import JUDGE_REVISION_LABEL
 from genrm_operator.core.reconcile import reconcile
 
@@ -203,23 +212,47 @@ def test_the_service_pins_the_active_revision_from_the_written_status_before_a_p
     assert [a for a in pinned.actions if isinstance(a, SetPublished) and a.name == "judge-1" and a.published]
 
 
-def test_the_previous_revision_is_fenced_once_the_service_selects_the_promoted_one_and_its_peers_had_time() -> None:
+def test_the_previous_revision_is_fenced_once_its_gateways_had_time_to_hold_the_new_peers() -> None:
+    """Fenced for the switch, a gateway hands what reaches it to the new judge: the fence waits for its
+    new peers, not for the Service's move (kube-proxy may lag it anyway)."""
     spec = make_spec(1, model={"path": "judge-v2"}, **blue_green("Auto"))
     new = judge_revision(spec)
     status = switching_status("old0000000", new)
     assert status.operation is not None and status.judge is not None
     status = status.model_copy(update={
         "judge": status.judge.evolve(active=new),
-        "operation": status.operation.evolve(phase=OperationPhase.PROMOTED, promoted_at=stamp(NOW - 1))})
+        "operation": status.operation.evolve(phase=OperationPhase.PROMOTED, promoted_at=stamp(NOW))})
     pods = [serving_pod("judge-0", judge="old0000000"), serving_pod("judge-1", judge=new)]
     obs = observe(spec, pods, status=status)
-    before = reconcile(with_service(obs, "old0000000"))
-    assert not [a for a in before.actions if isinstance(a, Drain)]
-    # The Service moved, but the old gateways' new peers may not have reached them yet.
-    assert not [a for a in reconcile(with_service(obs, new)).actions if isinstance(a, Drain)]
-    after = reconcile(with_service(dataclasses.replace(obs, now=NOW + PEERS_LEAD_SECONDS), new))
-    assert [a for a in after.actions if isinstance(a, Drain)] == [
+    assert not [a for a in reconcile(with_service(obs, "old0000000")).actions if isinstance(a, Drain)]
+    later = reconcile(with_service(dataclasses.replace(obs, now=NOW + PEERS_LEAD_SECONDS), "old0000000"))
+    assert [a for a in later.actions if isinstance(a, Drain)] == [
         Drain("judge-0", "genrm/uid-judge-0", DrainPhase.FENCE, DrainReason.JUDGE_SWITCHED, new)]
+
+
+def test_pods_made_before_judge_revisions_are_labelled_before_a_switch_starts() -> None:
+    """A pod without the judge label would fall out of the Service's pin, and later count as the new
+    judge's: it is labelled with the active revision first, and the switch waits for the label."""
+    spec = make_spec(2, model={"path": "judge-v2"}, **blue_green("Auto"))
+    old = judge_revision(make_spec(2))
+    pods = [serving_pod("judge-0", judge=""), serving_pod("judge-1", judge=old)]
+    status = GenRMPoolStatus.model_validate({"nextOrdinal": 2, "judge": {"active": old}})
+    plan = reconcile(observe(spec, pods, status=status))
+    assert [a for a in plan.actions if isinstance(a, LabelJudge)] == [LabelJudge("judge-0", "uid-judge-0", old)]
+    assert plan.status.operation is None and not [a for a in plan.actions if isinstance(a, CreatePod)]
+    labelled = reconcile(observe(spec, [dataclasses.replace(pods[0], judge=old), pods[1]], status=status))
+    assert labelled.status.operation is not None and labelled.status.operation.type is OperationType.JUDGE_SWITCH
+
+
+def test_the_preview_is_made_whole_when_the_active_revision_has_more_pods_than_the_spec_asks() -> None:
+    """Nothing scales the active revision during a switch: with 4 active pods and spec.replicas 2 (one
+    apply lowered the count and changed the judge), the preview still gets its 2 pods."""
+    world = converged_world(4, **blue_green("Manual"))
+    world.edit(replicas=2, model={"path": "judge-v2"})
+    new = judge_revision(world.spec)
+    run_until(world, lambda: switch(world).phase is OperationPhase.AWAITING_PROMOTION if world.status.operation
+              else False)
+    assert judges(world)[new] == 2
 
 
 def test_the_gateways_are_told_the_active_and_preview_revisions_from_the_written_status() -> None:

@@ -65,6 +65,7 @@ from genrm_operator.core.model import (
     CreatePod,
     DeletePod,
     Drain,
+    LabelJudge,
     Observed,
     Plan,
     PodView,
@@ -563,6 +564,10 @@ class World:
                                                   active or None)
                 except DrainConflict:
                     return  # 409: another drain is in progress
+            case LabelJudge(name=name, uid=uid, judge=judge):
+                pod = self.pods.get(name)
+                if pod is not None and pod.uid == uid:
+                    pod.judge = judge
             case Undrain(name=name, drain_id=did):
                 pod = self.pods.get(name)
                 if pod is None or not pod.reachable:
@@ -776,8 +781,15 @@ class World:
         return self.spec.update_strategy.rolling_update.max_surge if rolling else 0
 
     def check_after(self, before: int, surge: int) -> None:
+        """The pod-count bound; during a judge switch, the active revision's pods (which nothing scales
+        while it runs: more than spec.replicas when a count was lowered with the judge) plus the preview."""
         after = self.live_count()
-        if self.check_bound and after > max(self.spec.replicas + surge, before):
+        judge = self.status.judge
+        active = sum(1 for p in self.pods.values() if judge is not None and p.judge == judge.active
+                     and not failure_reason(replace(p.view(), deleting=False), self.now,
+                                            float(self.spec.engine.startup_timeout_seconds)))
+        switching = any(op is not None and op.type == "JudgeSwitch" for op in (self.status.operation,))
+        if self.check_bound and after > max(self.spec.replicas + surge, before, active + surge if switching else 0):
             raise Violation(f"{after} live pods > max(spec.replicas={self.spec.replicas} + maxSurge {surge}, "
                             f"before={before})")
 

@@ -348,3 +348,23 @@ def test_a_replica_fenced_for_a_switch_hands_what_still_reaches_it_to_the_new_ju
         own = httpx.post(f"{old.url}/generate", json=JUDGE, headers=pinned(BLUE), timeout=10)
         assert error(own)[:2] == (409, RefusalReason.REVISION_RETIRED)
         assert green.state()["completedTotal"] == 1 and old.state()["inflight"] == 0
+
+
+def test_a_request_pinned_to_the_new_judge_that_reaches_an_old_replica_is_handed_over_not_refused() -> None:
+    """A client pinned to the new revision (its step saw it first) whose request a lagging kube-proxy
+    sends to an old replica: told the new revision as the pool's active one and its replicas as peers,
+    the old replica hands the request over, fenced or not yet; pinned to a third revision, still 409."""
+    with judge_stack(BLUE) as old, judge_stack(GREEN) as green:
+        assert httpx.post(f"{old.control}{REVISIONS_PATH}", headers=AUTH, json={"active": GREEN}).status_code == 200
+        tell_peers(old, green, version=1)
+        with httpx.Client(base_url=old.url, timeout=10) as client:
+            before_fence = client.post("/generate", json=JUDGE, headers=pinned(GREEN))
+            fence(old, "genrm/blue-3", reason="judgeSwitched", activeRevision=GREEN)
+            after_fence = client.post("/generate", json=JUDGE, headers=pinned(GREEN))
+            third = client.post("/generate", json=JUDGE, headers=pinned("5c2f8e1a9b"))
+        for answer in (before_fence, after_fence):
+            assert answer.status_code == 200 and answer.headers[FORWARDED_TO_HEADER] == f"127.0.0.1:{green.port}"
+            assert answer.headers[REVISION_HEADER] == answer.json()["meta_info"]["weight_version"] == GREEN
+            assert answer.headers["connection"] == "close"
+        assert error(third)[:2] == (409, RefusalReason.REVISION_RETIRED)
+        assert green.state()["completedTotal"] == 2

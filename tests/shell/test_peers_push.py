@@ -100,23 +100,29 @@ def test_each_gateway_is_told_once_then_again_on_a_change_or_a_restart() -> None
 
 def test_a_changed_list_waits_and_goes_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """A first list goes at once; changes within ``SETTLE_SECONDS`` of each other are one push of the
-    last; a restarted gateway is told at once."""
+    last; a restarted gateway is told at once, and so is a list replaced whole (a judge switch hands
+    the previous revision's gateways the new revision's replicas)."""
     monkeypatch.setattr(peers_module, "SETTLE_SECONDS", 0.05)
 
     async def scenario() -> None:
         gateways, pusher, reports = await told_their_first_lists()
         assert len(gateways.pushes) == 2, "first lists go at once"
-        for peers in (("10.0.0.3:8000",), ("10.0.0.3:8000", "10.0.0.4:8000"), ("10.0.0.4:8000",)):
+        for peers in (("10.0.0.2:8000", "10.0.0.3:8000"), ("10.0.0.2:8000", "10.0.0.3:8000", "10.0.0.4:8000"),
+                      ("10.0.0.2:8000", "10.0.0.4:8000")):
             pusher.follow({**LISTS, "a": peers}, ENDPOINTS, reports)
             await settle()
         assert len(gateways.pushes) == 2, "a changed list waits"
         await asyncio.sleep(0.1)
         assert gateways.pushes[2:] == [("10.0.0.1", gateways.held["10.0.0.1"])]
-        assert gateways.held["10.0.0.1"].peers == ("10.0.0.4:8000",), "one push, of the last list"
+        assert gateways.held["10.0.0.1"].peers == ("10.0.0.2:8000", "10.0.0.4:8000"), "one push, of the last list"
         del gateways.held["10.0.0.2"]
-        pusher.follow({**LISTS, "a": ("10.0.0.4:8000",)}, ENDPOINTS, {**reports, "b": report("boot-b2")})
+        pusher.follow({**LISTS, "a": ("10.0.0.2:8000", "10.0.0.4:8000")}, ENDPOINTS,
+                      {**reports, "b": report("boot-b2")})
         await settle()
         assert gateways.held["10.0.0.2"].peers == LISTS["b"], "a restarted gateway is told at once"
+        pusher.follow({**LISTS, "a": ("10.0.0.5:8000",)}, ENDPOINTS, {**reports, "b": report("boot-b2")})
+        await settle()
+        assert gateways.held["10.0.0.1"].peers == ("10.0.0.5:8000",), "a list replaced whole is told at once"
         await pusher.close()
 
     asyncio.run(scenario())

@@ -44,7 +44,7 @@ from ..api.status import (
 )
 from .classify import Replica, Role
 from .clock import stamp
-from .model import Drain, Observed, Undrain
+from .model import Drain, LabelJudge, Observed, Undrain
 from .names import JUDGE_REVISION_LABEL, PROMOTE_ANNOTATION, drain_id
 from .scale_in import advance_victims, held_note
 from .scale_out import create, may_create, noted_failures, publish_or_verify, retry_creates
@@ -58,9 +58,21 @@ def judge_of(s: Step, r: Replica) -> str:
 
 def switch_needed(s: Step) -> bool:
     """Whether the pool must run a judge switch: the spec names another judge than the active one,
-    or pods of another judge revision are left (a switch ended by an operator upgrade, say)."""
+    or pods of another judge revision are left (a switch ended by an operator upgrade, say). Not
+    while a pod made before judge revisions is unlabelled (`label_unlabelled`): the Service's pin
+    would leave it out, and a later step would count it as the new judge's."""
+    if any(not r.pod.judge and r.role is not Role.TERMINATING for r in s.replicas):
+        return False
     return s.judge != s.active_judge or any(
         judge_of(s, r) != s.active_judge for r in s.replicas if r.role is not Role.TERMINATING)
+
+
+def label_unlabelled(s: Step) -> None:
+    """Label the pods made before judge revisions with the active one: what they answer, since the
+    judge fields could not change while they ran (they were immutable before judge switches)."""
+    for r in s.replicas:
+        if not r.pod.judge and r.role is not Role.TERMINATING:
+            s.actions.append(LabelJudge(r.pod.name, r.pod.uid, s.active_judge))
 
 
 def pinned_judge(obs: Observed) -> str | None:
@@ -129,8 +141,10 @@ def advance_judge_switch(s: Step, op: Operation) -> Operation | None:
     delay = float(s.obs.spec.judge_update.blue_green.scale_down_delay_seconds)
     # Retired only once seen fenced: a victim is soft-drained first, which would let it admit
     # requests again if that call overtook the fence.
-    leaving = [r for r in previous if r.sidecar is None or r.sidecar.state not in ADMITTING_STATES]
-    if leaving and (op.promoted_at is None or s.now >= op.promoted_at.timestamp() + delay):
+    over = op.promoted_at is None or s.now >= op.promoted_at.timestamp() + delay
+    late = op.promoted_at is None or s.now >= op.promoted_at.timestamp() + delay + FENCE_GRACE_SECONDS
+    leaving = [r for r in previous if r.sidecar is None or r.sidecar.state not in ADMITTING_STATES or late]
+    if leaving and over:
         emit(s, EventReason.JUDGE_RETIRING, f"Judge revision {op.judge_from} retires: "
              + ", ".join(r.pod.name for r in leaving))
         op = retire(s, op, leaving, op.judge_from)
@@ -163,22 +177,24 @@ def retire(s: Step, op: Operation, replicas: list[Replica], judge: str) -> Opera
                                              for r in leaving)])
 
 
-PEERS_LEAD_SECONDS = 2.0
+PEERS_LEAD_SECONDS = 0.5
 """How long after its promotion the previous revision is fenced at the soonest. Its gateways are told
-the new revision's replicas as peers from the first step after the record (`core.peers.forwards_to`),
-pushed within the shell's settle second; fenced once they hold them, they hand over what still reaches
-them instead of refusing it."""
+the new revision's replicas as peers from the first step after the record (`core.peers.forwards_to`;
+a list replaced whole is pushed at once: `shell.peers`); fenced once they hold them, they hand over
+what still reaches them instead of refusing it."""
+FENCE_GRACE_SECONDS = 30.0
+"""After the scale-down delay, how long a previous-revision replica that never took the switch's fence
+(a gateway older than judge switches refuses the reason) may stay before it retires all the same."""
 
 
 def fence_previous(s: Step, previous: list[Replica], promoted_at: float | None) -> None:
-    """Fence the previous revision's admitting gateways at once, naming the switch, once the observed
-    Service selects the new revision and their new peers had `PEERS_LEAD_SECONDS` to reach them: what
-    still reaches them (a kept-alive connection) is then handed to the new judge, and the connection
-    closed after it. Fencing before the Service moved would only send retries back to the same
-    revision. The fence is held (never Drained by itself) for a rollback within the scale-down delay
-    (`release_held_fences`)."""
-    early = promoted_at is not None and s.now < promoted_at + PEERS_LEAD_SECONDS
-    if early or not service_selects(s.obs, s.active_judge):
+    """Fence the previous revision's admitting gateways at once, naming the switch, once their new
+    peers had `PEERS_LEAD_SECONDS` to reach them: what still reaches them (a kept-alive connection, a
+    kube-proxy behind the Service's move) is then handed to the new judge, and the connection closed
+    after it. The fence does not wait for the Service: a fenced gateway hands over, so it answers with
+    the new judge wherever the Service sends a request. It is held (never Drained by itself) for a
+    rollback within the scale-down delay (`release_held_fences`)."""
+    if promoted_at is not None and s.now < promoted_at + PEERS_LEAD_SECONDS:
         return
     for r in previous:
         if r.sidecar is not None and r.sidecar.state in ADMITTING_STATES:
@@ -213,9 +229,12 @@ def bring_up_preview(s: Step, op: Operation) -> Operation | None:
             s.actions.append(Undrain(r.pod.name, drain_id(r.pod.uid)))
     op = retry_creates(view, op, size)
     missing = size - len(own) - len(pending_creates(view, op))
-    # Two revisions at once is the switch's price, and its bound: pods of a preview given up, still
-    # leaving, hold GPUs the new preview waits for.
-    room = s.desired + size - gpu_holders(s, op)
+    # Two revisions at once is the switch's price, and its bound: the active revision's pods (more
+    # than spec.replicas when a rollout's surge or a lower count was left over: nothing scales it
+    # while the switch runs) and the preview's. Pods of a preview given up, still leaving, hold GPUs
+    # the new preview waits for.
+    active = sum(1 for r in s.replicas if judge_of(s, r) == s.active_judge and r.role is not Role.FAILED)
+    room = max(s.desired, active) + size - gpu_holders(s, op)
     if min(missing, room) > 0 and may_create(view, op):
         op = create(view, op, min(missing, room))
     if service_selects(s.obs, s.active_judge):
@@ -262,6 +281,8 @@ def idle_gap_busy(s: Step, gap: float) -> str:
     """Why the active revision is not in an idle gap of ``gap`` seconds ('' when it is): a request in
     flight or held, a demand hint that announces a phase, or a serving replica that has not been idle
     that long (or whose gateway does not say: unknown is not idle)."""
+    if not any(judge_of(s, r) == s.active_judge and r.role is Role.SERVING for r in s.replicas):
+        return ""  # at zero (or none left): no phase runs on the active judge, and held requests wait for one
     if s.obs.held:
         return f"{s.obs.held} request(s) held by the activator"
     if s.obs.relayed_hints:  # the gateways and activators keep a hint until it expires

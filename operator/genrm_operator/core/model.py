@@ -226,7 +226,16 @@ class Undrain:
     drain_id: str
 
 
-Action = CreatePod | DeletePod | SetPublished | Verify | Drain | Undrain
+@dataclass(frozen=True)
+class LabelJudge:
+    """Label a pod made before judge revisions with the one it answers (`judgeswitch.label_unlabelled`)."""
+
+    name: str
+    uid: str
+    judge: str
+
+
+Action = CreatePod | DeletePod | SetPublished | Verify | Drain | Undrain | LabelJudge
 
 
 def needs_record(action: Action) -> bool:
@@ -247,7 +256,7 @@ def needs_record(action: Action) -> bool:
     its publication. A victim's publish when a scale-in puts it back (``rescue``) is no such
     publish: it undoes a drain the status recorded, and waits with its undrain."""
     match action:
-        case Verify() | SetPublished(published=True, rescue=False):
+        case Verify() | SetPublished(published=True, rescue=False) | LabelJudge():
             return False
     return True
 

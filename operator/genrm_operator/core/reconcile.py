@@ -47,7 +47,14 @@ from .children import owner_reference
 from .childrenplan import ChildAction, desired_children, plan_children
 from .classify import Replica, Role
 from .clock import stamp
-from .judgeswitch import advance_judge_switch, judge_of, pinned_judge, start_fields, switch_needed
+from .judgeswitch import (
+    advance_judge_switch,
+    judge_of,
+    label_unlabelled,
+    pinned_judge,
+    start_fields,
+    switch_needed,
+)
 from .model import Drain, Observed, Plan, SetPublished, Undrain
 from .names import drain_id
 from .pool_status import next_status
@@ -208,8 +215,11 @@ def supersede_if_target_changed(s: Step, op: Operation | None) -> Operation | No
 
 
 def maybe_start_operation(s: Step) -> Operation | None:
+    label_unlabelled(s)
     if switch_needed(s):
         return start(s, OperationType.JUDGE_SWITCH, counts(s, None)[0])
+    if s.judge != s.active_judge:
+        return None  # a pod still to be labelled holds the switch back; no other operation may start
     serving, starting, draining = counts(s, None)
     backoff = create_backoff(s.history, s.now)
     publishable = any(awaits_publication(r) for r in role(s, Role.STARTING))

@@ -19,9 +19,10 @@ from kubernetes.client.exceptions import ApiException
 from ..api.pool import GenRMPoolSpec
 from ..core import children
 from ..core.childrenplan import ChildAction, CreateChild, DeleteChild, ForeignChild, PatchChild
-from ..core.model import Action, CreatePod, DeletePod, Drain, Event, SetPublished, Undrain, Verify
+from ..core.model import Action, CreatePod, DeletePod, Drain, Event, LabelJudge, SetPublished, Undrain, Verify
 from ..core.names import (
     EVER_PUBLISHED_ANNOTATION,
+    JUDGE_REVISION_LABEL,
     PUBLISHED_LABEL,
     VERIFICATION_ANNOTATION,
     VERIFICATION_MESSAGE_ANNOTATION,
@@ -67,6 +68,8 @@ class Executor:
                     annotations = {EVER_PUBLISHED_ANNOTATION: "true"} if published else {}
                     await self.kube.patch_pod_meta(ns, name, uid, {PUBLISHED_LABEL: str(published).lower()},
                                                    annotations)
+                case LabelJudge(name=name, uid=uid, judge=judge):
+                    await self.kube.patch_pod_meta(ns, name, uid, {JUDGE_REVISION_LABEL: judge}, {})
                 case Drain(name=name, drain_id=drain_id, phase=phase, reason=reason,
                            active=active) if name in endpoints:
                     self.reported(name, await self.sidecars.drain(endpoints[name], DrainRequest(

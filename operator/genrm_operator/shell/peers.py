@@ -33,14 +33,15 @@ log = logging.getLogger(__name__)
 RETRY_SECONDS = (0.25, 5.0)
 """Backoff between pushes to one gateway that failed or found a newer push: first delay, and the most."""
 SETTLE_SECONDS = 1.0
-"""How long a gateway's changed list waits before it is pushed (a first list, or one for a restarted
-gateway, goes at once). One publish or unpublish changes the list of every replica of the pool, and a
-scale-out changes it twice within a second or two (the new replica starting, then published): the
-pushes of a scale storm took as much of the operator's CPU as its reconcile steps, at the moment the
-steps were deciding (figures: docs/performance.md#measurements-behind-the-code). Waiting pushes the
-list as it stands a second later, once. A gateway holds its previous list meanwhile: a peer gone
-since refuses at once or does not connect, and is passed over for the next (`FORWARD_TRIES`), and a
-new peer is offered a second later."""
+"""How long a gateway's changed list waits before it is pushed (a first list, one for a restarted
+gateway, and one replaced whole, as a judge switch replaces the previous revision's, go at once).
+One publish or unpublish changes the list of every replica of the pool, and a scale-out changes it
+twice within a second or two (the new replica starting, then published): the pushes of a scale storm
+took as much of the operator's CPU as its reconcile steps, at the moment the steps were deciding
+(figures: docs/performance.md#measurements-behind-the-code). Waiting pushes the list as it stands a
+second later, once. A gateway holds its previous list meanwhile: a peer gone since refuses at once
+or does not connect, and is passed over for the next (`FORWARD_TRIES`), and a new peer is offered a
+second later."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,8 @@ class PeerPusher:
         setbacks = 0
         try:
             told, want = self._told.get(name), self._wanted.get(name)
-            if told is not None and want is not None and told.boot_id == want.boot_id:
+            if told is not None and want is not None and told.boot_id == want.boot_id \
+                    and set(told.peers) & set(want.peers):
                 await asyncio.sleep(SETTLE_SECONDS)
             while (want := self._wanted.get(name)) is not None and self._told.get(name) != want:
                 if setbacks:

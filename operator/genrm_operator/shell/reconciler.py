@@ -33,7 +33,7 @@ from ..autoscaling.demand import is_new
 from ..core import activation
 from ..core.autoscale import reported_hints
 from ..core.childrenplan import CHILD_FAILED
-from ..core.judgeswitch import told_revisions
+from ..core.judgeswitch import pinned_judge, told_revisions
 from ..core.model import REPORT_DELAY_SECONDS, Event, Observed, deliver
 from ..core.names import PROMOTE_ANNOTATION
 from ..core.peers import peer_lists
@@ -230,7 +230,6 @@ class PoolReconciler:
             for p in pods if (ip := pod_ip(p)) and not p["metadata"].get("deletionTimestamp")
         }
         views = self.observer.pod_views(pods)
-        published = [v.name for v in views if v.published and not v.deleting]
         sidecars = await self.watch.views(endpoints)
         annotations = meta.get("annotations") or {}
         annotation = annotations.get(DEMAND_ANNOTATION)
@@ -246,6 +245,9 @@ class PoolReconciler:
             relayed_hints=relayed, endpoints=activation.ready_pods(self.name, children.slices),
             promote=str(annotations.get(PROMOTE_ANNOTATION, "")),
         )
+        # What the pool's clients reach: a preview's published replicas are not theirs to balance or scale.
+        pin = pinned_judge(observed)
+        published = [v.name for v in views if v.published and not v.deleting and pin in (None, v.judge)]
         # A hint not seen before, or a request held at zero, makes the decision due now: the load is
         # on its way, or already here.
         due = is_new(status.autoscaler, reported_hints(observed)[0]) or (held > 0 and spec.replicas == 0)
