@@ -391,7 +391,7 @@ class JudgeUpdateSpec(ApiModel):
     strategy: Literal["Refuse", "BlueGreen"] = "Refuse"
     """Refuse (default): those fields are immutable. BlueGreen: a change brings up a new judge revision
     beside the active one (preview), and the pool's Service moves to it in one step at promotion; the
-    previous revision's gateways then refuse new requests (503 judgeSwitched), so no client gets answers
-    from two judges within one judge phase."""
+    previous revision's gateways are then fenced and hand what still reaches them to the new judge
+    (docs/judge-changes.md)."""
     blue_green: BlueGreenSpec = Field(default_factory=BlueGreenSpec)
     """BlueGreen's preview size, promotion and scale-down delay."""

@@ -6,7 +6,8 @@ from both). Why not a weighted split or a selector switch alone (KServe, Knative
 Extension, Argo Rollouts): the first mixes by design, the second leaves kept-alive clients on the old
 pods. Here the Service selects one judge revision (`pinned_judge`) whenever a pool runs two, the
 switch moves that pin, and the previous revision's gateways are then fenced with the switch as
-reason, so a kept-alive client's next request is refused (retryable) and reconnects to the new one.
+reason after being told the new revision's replicas as peers, so what still reaches them (a
+kept-alive connection) is answered by the new judge and the connection closed.
 
 One operation, ``JudgeSwitch`` (``op.judge_from`` -> ``op.judge_to``), in two halves:
 
@@ -16,9 +17,9 @@ One operation, ``JudgeSwitch`` (``op.judge_from`` -> ``op.judge_to``), in two ha
   pins the active revision, so the publication reaches the revision's own clients only. Ready,
   it waits for its promotion (`promotion_due`); promoting is a recorded decision (``status.judge``),
   and the Service moves only on a later step, from the written record (`pinned_judge`);
-* after promotion: once the observed Service selects the new revision, the previous one's
-  gateways are fenced (``judgeSwitched``); after ``scaleDownDelaySeconds`` its replicas retire
-  like scale-in victims. Reverting the judge fields within the delay is a new switch back, whose
+* after promotion: once the previous revision's gateways had time to hold their new peers, they
+  are fenced (``judgeSwitched``); after ``scaleDownDelaySeconds`` its replicas retire like
+  scale-in victims. Reverting the judge fields within the delay is a new switch back, whose
   preview is warm: it is undrained, not loaded again.
 
 Pods of any other judge revision (a preview abandoned by a second change) retire at once.
