@@ -50,3 +50,21 @@ def test_counts_alone_wait_for_the_operations_next_write_up_to_the_report_delay(
     assert not d.write and d.unwritten_since == 100.0
     later = deliver(before, Plan(status=counted), d.unwritten_since, 100.0 + REPORT_DELAY_SECONDS)
     assert later.write and later.unwritten_since is None
+
+
+def test_a_write_gates_when_actions_wait_for_it_now_or_next_step() -> None:
+    """What the shell sends before other pools' records (`shell.writeorder`): a write that this step's
+    actions wait for, or that records work the next step does (a new operation, victims, creates)."""
+    def op(**fields: object) -> Operation:
+        return Operation.model_validate({"id": "op-1", "type": "ScaleIn", "from": 3, "to": 2, "phase": "Pending",
+                                         "startedAt": "2026-01-01T00:00:00Z",
+                                         "lastTransitionTime": "2026-01-01T00:00:00Z", **fields})
+    started = BEFORE.evolve(operation=op())
+    victims = started.evolve(operation=op(victims=[{"name": "judge-2", "uid": "u2", "needsDrain": True}]))
+    assert deliver(BEFORE, Plan(status=started), None, 0.0).gates, "a new operation"
+    assert deliver(started, Plan(status=victims), None, 0.0).gates, "its victims: unpublished next step"
+    draining = victims.evolve(operation=op(phase="Draining", victims=victims.operation.victims))  # type: ignore[union-attr]
+    assert not deliver(victims, Plan(status=draining), None, 0.0).gates, "a phase: nothing waits for it"
+    assert not deliver(draining, Plan(status=BEFORE), None, 0.0).gates, "the end: nothing waits for it"
+    assert deliver(BEFORE, Plan(status=BEFORE.evolve(next_ordinal=3), actions=(CreatePod("judge-2", 2),)),
+                   None, 0.0).gates, "a create waits for it"

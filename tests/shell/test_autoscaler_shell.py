@@ -56,7 +56,7 @@ class FakeKube:
     async def get_pool(self, namespace: str, name: str) -> dict[str, Any]:
         return copy.deepcopy(self.pool)
 
-    async def write_status(self, pool: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    async def write_status(self, pool: dict[str, Any], status: dict[str, Any], gating: bool = False) -> dict[str, Any]:
         self.status_writes += 1
         self.pool["status"] = status
         self.bump()
@@ -169,8 +169,9 @@ async def test_a_count_written_by_another_writer_between_status_and_scale_is_not
     h = Harness(pool(1), replicas=1, inflight=6)
     write_status = h.kube.write_status
 
-    async def then_someone_scales(pool_: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
-        ours = await write_status(pool_, status)
+    async def then_someone_scales(pool_: dict[str, Any], status: dict[str, Any],
+                                  gating: bool = False) -> dict[str, Any]:
+        ours = await write_status(pool_, status, gating)
         h.kube.pool["spec"]["replicas"] = 5                       # e.g. kubectl scale, right after our PUT
         h.kube.bump()
         return ours

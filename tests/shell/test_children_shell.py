@@ -70,7 +70,7 @@ class FakeKube:
         self.pool["spec"].update(fields)
         self.changed()
 
-    async def write_status(self, pool: Manifest, status: Manifest) -> Manifest:
+    async def write_status(self, pool: Manifest, status: Manifest, gating: bool = False) -> Manifest:
         self.pool["status"] = status
         self.changed()
         return copy.deepcopy(self.pool)

@@ -40,9 +40,12 @@ class RecordingKube(FakeKube):
     def __init__(self, manifest: dict[str, Any], pods: list[dict[str, Any]]) -> None:
         super().__init__(manifest, pods)
         self.calls: list[tuple[str, float]] = []
+        self.gating: list[bool] = []
+        """Whether each status write was one that actions wait for (`writeorder`)."""
 
-    async def write_status(self, pool: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    async def write_status(self, pool: dict[str, Any], status: dict[str, Any], gating: bool = False) -> dict[str, Any]:
         self.calls.append(("status", time.monotonic()))
+        self.gating.append(gating)
         return await super().write_status(pool, status)
 
     async def patch_pod_meta(self, namespace: str, name: str, uid: str, labels: dict[str, str],
@@ -87,6 +90,7 @@ async def test_a_scale_in_unpublishes_right_after_writing_its_victims() -> None:
     victims = kube.pool["status"]["operation"]["victims"]
     assert len(victims) == 1 and kube.calls[0][0] == "status", "the victims are written before anything is done"
     assert kube.status_writes == 1, "unpublishing writes nothing more: it is recorded once the watch shows it"
+    assert kube.gating == [True], "the unpublish waits for that write: it goes before other pools' records"
 
 
 def plan_with(monkeypatch: Any, change: Callable[[Any, GenRMPoolStatus], GenRMPoolStatus],
@@ -105,9 +109,9 @@ def write_after(monkeypatch: Any, kube: FakeKube, first: asyncio.Event) -> None:
     """The status write waits for ``first``: a step that waits for the write before ``first`` times out."""
     write_status = kube.write_status
 
-    async def write(pool_: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    async def write(pool_: dict[str, Any], status: dict[str, Any], gating: bool = False) -> dict[str, Any]:
         await asyncio.wait_for(first.wait(), 2.0)
-        return await write_status(pool_, status)
+        return await write_status(pool_, status, gating)
 
     monkeypatch.setattr(kube, "write_status", write)
 
@@ -170,7 +174,7 @@ async def test_publishes_and_probes_run_beside_the_status_write_and_other_action
 class PreconditionKube(RecordingKube):
     """Refuses a status write bound to a resourceVersion other than the pool's, as the API server does."""
 
-    async def write_status(self, pool_: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    async def write_status(self, pool_: dict[str, Any], status: dict[str, Any], gating: bool = False) -> dict[str, Any]:
         if pool_["metadata"]["resourceVersion"] != self.pool["metadata"]["resourceVersion"]:
             self.calls.append(("conflict", time.monotonic()))
             raise Conflict(POOL)
@@ -267,8 +271,8 @@ async def test_the_echo_of_a_second_status_only_write_in_a_row_wakes_the_next_st
     written = {2: asyncio.Event(), 3: asyncio.Event()}
     write_status = kube.write_status
 
-    async def counted(pool_: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
-        answer = await write_status(pool_, status)
+    async def counted(pool_: dict[str, Any], status: dict[str, Any], gating: bool = False) -> dict[str, Any]:
+        answer = await write_status(pool_, status, gating)
         if kube.status_writes in written:
             written[kube.status_writes].set()
         return answer

@@ -324,6 +324,8 @@ class Delivery:
     """The `unwritten_since` to keep for the next step."""
     actions: tuple[Action, ...] = ()
     """All of the plan's actions, in its order."""
+    gates: bool = False
+    """Actions wait for the write (`gates_actions`): the shell sends it before other pools' records."""
 
     def sent(self, written: bool) -> tuple[Action, ...]:
         """Every action that goes out, in the plan's order: all of them once the write landed (or
@@ -347,7 +349,24 @@ def deliver(before: GenRMPoolStatus, plan: Plan, since: float | None, now: float
     beside = tuple(a for a in plan.actions if not (first and needs_record(a)))
     after = tuple(a for a in plan.actions if first and needs_record(a))
     return Delivery(write=(plan.status != before or first) and waiting is None, beside=beside, after=after,
-                    unwritten_since=waiting, actions=tuple(plan.actions))
+                    unwritten_since=waiting, actions=tuple(plan.actions),
+                    gates=gates_actions(before, plan.status, after))
+
+
+def gates_actions(before: GenRMPoolStatus, after: GenRMPoolStatus, waiting: Sequence[Action]) -> bool:
+    """Whether actions wait for a status write: this step's (``waiting``), or the next step's, which
+    acts on what the write records first: a new operation, new victims (unpublished once recorded) or
+    new creates. The operation's other writes (a create seen, a phase, its end) record what was done;
+    nothing waits for them (`shell.writeorder` sends them after the writes that gate)."""
+    if waiting:
+        return True
+    old, new = before.operation, after.operation
+    if new is None:
+        return False
+    if old is None or old.id != new.id:
+        return True
+    return bool({v.name for v in new.victims} - {v.name for v in old.victims}
+                or {a.name for a in new.added_pods} - {a.name for a in old.added_pods})
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from ..api.pool import GROUP, KIND, PLURAL, VERSION
+from .writeorder import WriteOrder
 
 MERGE_PATCH = "application/merge-patch+json"
 POOLS = f"/apis/{GROUP}/{VERSION}/namespaces/{{namespace}}/{PLURAL}"
@@ -92,6 +93,8 @@ class Kube:
     def __init__(self, configuration: client.Configuration | None = None) -> None:
         self._config = configuration or client.Configuration.get_default_copy()
         self._session: aiohttp.ClientSession | None = None
+        self.order = WriteOrder()
+        """Every pool's status writes, decisions first (`writeorder`)."""
 
     def _open(self) -> aiohttp.ClientSession:
         """The session, made on first use (aiohttp sessions belong to the running event loop)."""
@@ -133,16 +136,23 @@ class Kube:
     async def get_pool(self, namespace: str, name: str) -> Manifest | None:
         return await self._request("GET", _path(POOLS, namespace, name), ok=(404,))
 
-    async def write_status(self, pool: Manifest, status: Manifest) -> Manifest:
+    async def write_status(self, pool: Manifest, status: Manifest, gating: bool = False) -> Manifest:
         """Replace the status (``status``: all of it), bound to the read resourceVersion: a concurrent
         change yields Conflict, and a write that changes nothing is accepted without a new version.
+        A write that actions wait for (``gating``) goes at once; any other after the gating writes of
+        every pool (`writeorder`).
 
         Returns the pool as written, whose resourceVersion a write that must follow this one is bound to.
         """
         meta = pool["metadata"]
+        path, body = _path(POOLS, meta["namespace"], meta["name"], "status"), status_update(pool, status)
         try:
-            written = await self._request("PUT", _path(POOLS, meta["namespace"], meta["name"], "status"),
-                                          status_update(pool, status))
+            if gating:
+                async with self.order.gating():
+                    written = await self._request("PUT", path, body)
+            else:
+                await self.order.recording()
+                written = await self._request("PUT", path, body)
         except ApiException as exc:
             if exc.status == 409:
                 raise Conflict(meta["name"]) from exc

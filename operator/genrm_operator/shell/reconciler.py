@@ -277,7 +277,8 @@ class PoolReconciler:
         acting = asyncio.gather(*(self.executor.carry_out(a, meta["uid"], spec, endpoints) for a in delivery.beside))
         try:
             if delivery.write:
-                self.observer.written = await self.kube.write_status(pool, plan.status.to_wire())
+                self.observer.written = await self.kube.write_status(pool, plan.status.to_wire(),
+                                                                     gating=delivery.gates)
                 version = str(self.observer.written["metadata"]["resourceVersion"])
                 self._rewritten = not plan.actions
         finally:
