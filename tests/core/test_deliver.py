@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from genrm_operator.api.pool import GenRMPoolStatus
-from genrm_operator.api.status import Operation
+from genrm_operator.api.status import JudgeStatus, Operation
 from genrm_operator.core.model import (
     REPORT_DELAY_SECONDS,
     CreatePod,
@@ -68,3 +68,6 @@ def test_a_write_gates_when_actions_wait_for_it_now_or_next_step() -> None:
     assert not deliver(draining, Plan(status=BEFORE), None, 0.0).gates, "the end: nothing waits for it"
     assert deliver(BEFORE, Plan(status=BEFORE.evolve(next_ordinal=3), actions=(CreatePod("judge-2", 2),)),
                    None, 0.0).gates, "a create waits for it"
+    judged = BEFORE.evolve(judge=JudgeStatus(active="aaa"))
+    assert deliver(judged, Plan(status=judged.evolve(judge=JudgeStatus(active="bbb"))), None, 0.0).gates, \
+        "a promoted judge revision: the Service moves and the fence goes next step"

@@ -355,10 +355,13 @@ def deliver(before: GenRMPoolStatus, plan: Plan, since: float | None, now: float
 
 def gates_actions(before: GenRMPoolStatus, after: GenRMPoolStatus, waiting: Sequence[Action]) -> bool:
     """Whether actions wait for a status write: this step's (``waiting``), or the next step's, which
-    acts on what the write records first: a new operation, new victims (unpublished once recorded) or
-    new creates. The operation's other writes (a create seen, a phase, its end) record what was done;
-    nothing waits for them (`shell.writeorder` sends them after the writes that gate)."""
+    acts on what the write records first: a new operation, new victims (unpublished once recorded),
+    new creates or a promoted judge revision (the Service's move and the fence). The operation's other
+    writes (a create seen, a phase, its end) record what was done; nothing waits for them
+    (`shell.writeorder` sends them after the writes that gate)."""
     if waiting:
+        return True
+    if (before.judge and before.judge.active) != (after.judge and after.judge.active):
         return True
     old, new = before.operation, after.operation
     if new is None:
