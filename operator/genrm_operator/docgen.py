@@ -13,6 +13,7 @@ explain`` use, and a change to a model reaches this page only through ``make doc
 from __future__ import annotations
 
 import json
+import functools
 import re
 import sys
 from collections.abc import Iterator
@@ -30,7 +31,10 @@ the CRD (`crds/`). `kubectl explain genrmpool.spec --recursive` prints the same 
 the cluster.
 
 Immutable fields are enforced by CEL transition rules: changing one is rejected with a message
-telling you to create a new pool — a reward model must never mix two judges. Unknown fields, wrong
+telling you to create a new pool — a reward model must never mix two judges. The judge fields
+(`model` and the engine's image, command, arguments, seed, determinism and tensor parallelism)
+change under `judgeUpdate.strategy: BlueGreen` only, as a new judge revision beside the serving one
+([judge-changes.md](judge-changes.md)). Unknown fields, wrong
 types, negative replicas, `minReplicas > maxReplicas`, inconsistent drain timeouts and seeded
 verification of a non-deterministic engine are rejected by the API server with a message naming
 the field. The rules are listed under the object they belong to.
@@ -157,6 +161,16 @@ def _nested(node: Node, path: str) -> Iterator[tuple[str, Node]]:
             yield child_path, child
 
 
+@functools.cache
+def _judge_fields() -> frozenset[str]:
+    """The spec's judge fields (``spec.model``, ``spec.engine.seed``, ...): immutable unless the pool's
+    judge update is BlueGreen, by one transition rule each on the spec."""
+    spec = crdgen.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    pattern = r"self\.judgeUpdate\.strategy == 'BlueGreen' \|\| self\.([\w.]+) == oldSelf\.\1"
+    return frozenset(f"spec.{m.group(1)}" for rule in spec.get("x-kubernetes-validations", [])
+                     if (m := re.fullmatch(pattern, rule["rule"])))
+
+
 def _section(path: str, node: Node, *, defaults: bool, level: int, intro: str = "") -> list[str]:
     """One object's heading, description, field table and rules, then its nested objects' sections."""
     lines = [f"{'#' * level} {path}", ""]
@@ -169,6 +183,7 @@ def _section(path: str, node: Node, *, defaults: bool, level: int, intro: str = 
     required = set(node.get("required", []))
     immutable = {m.group(1) for rule in node.get("x-kubernetes-validations", [])
                  if (m := re.fullmatch(r"self\.(\w+) == oldSelf\.\1", rule["rule"]))}
+    immutable |= {name for name in node["properties"] if f"{path}.{name}" in _judge_fields()}
     header = ["field", "type", *(["default"] if defaults else []), "validation", "description"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name, field in node["properties"].items():
