@@ -12,8 +12,8 @@ explain`` use, and a change to a model reaches this page only through ``make doc
 
 from __future__ import annotations
 
-import json
 import functools
+import json
 import re
 import sys
 from collections.abc import Iterator
