@@ -20,6 +20,7 @@ both marks; nothing is lost; under ``IdleGap`` no promotion falls inside a step.
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -135,7 +136,7 @@ def test_twenty_steps_three_judge_changes_and_a_rollback_never_mix_a_step(
     # Promotions as the trainer sees them: the judge of one step differs from the last one's. (Events are
     # no record: the one of the promotion under the operator's SIGKILL may never be posted.)
     judged = [sorted(s.revisions) for s in steps]
-    promotions = sum(1 for a, b in zip(judged, judged[1:]) if a != b)
+    promotions = sum(1 for a, b in itertools.pairwise(judged) if a != b)
     print(f"\njudge-switch-e2e: steps={len(steps)} mixed_steps={len(mixed_steps)} lost={lost} "
           f"promotions={promotions} rollbacks={rollbacks}", flush=True)
     assert not mixed_steps, [(s.number, sorted(s.revisions)) for s in mixed_steps]
