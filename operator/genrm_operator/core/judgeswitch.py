@@ -69,8 +69,11 @@ def switch_needed(s: Step) -> bool:
 
 
 def label_unlabelled(s: Step) -> None:
-    """Label the pods made before judge revisions with the active one: what they answer, since the
-    judge fields could not change while they ran (they were immutable before judge switches)."""
+    """Before a judge switch, label the pods made before judge revisions with the active one: what
+    they answer, since the judge fields could not change while they ran (they were immutable before
+    judge switches). Only then does an unlabelled pod matter: without a switch the Service has no pin."""
+    if s.judge == s.active_judge:
+        return
     for r in s.replicas:
         if not r.pod.judge and r.role is not Role.TERMINATING:
             s.actions.append(LabelJudge(r.pod.name, r.pod.uid, s.active_judge))
