@@ -21,16 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
-from genrm_cluster.cluster import LocalCluster
-
-from e2e.harness import REPO, Cluster, OperatorProcess, pool_manifest, wait_for
+from e2e.harness import Cluster, Sampler, operated_cluster, pool_manifest, wait_for
 from e2e.steps import StepLoad, mixed
 
 REPLICAS = 4
@@ -43,85 +38,72 @@ JUDGE_UPDATE = {"strategy": "BlueGreen",
                 "blueGreen": {"promotion": "IdleGap", "idleGapSeconds": 2, "scaleDownDelaySeconds": 10}}
 
 
-class GpuMeter:
-    """Samples the pool's live pods every 0.25 s, integrating those beyond ``REPLICAS`` (GPU-seconds)."""
+class GpuMeter(Sampler):
+    """The pool's live pods every 0.25 s, integrating those beyond ``REPLICAS`` (GPU-seconds)."""
 
     def __init__(self, cluster: Cluster, namespace: str, name: str) -> None:
+        super().__init__(0.25)
         self.cluster, self.namespace, self.name = cluster, namespace, name
         self.extra_gpu_seconds = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._last = time.monotonic()
 
-    def __enter__(self) -> GpuMeter:
-        self._thread.start()
-        return self
+    def sample(self) -> None:
+        pods = len(self.cluster.pod_addresses(self.namespace, self.name))
+        now = time.monotonic()
+        self.extra_gpu_seconds += max(0, pods - REPLICAS) * (now - self._last)
+        self._last = now
 
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
-    def _run(self) -> None:
-        last = time.monotonic()
-        while not self._stop.wait(0.25):
-            pods = len(self.cluster.pod_addresses(self.namespace, self.name))
-            now = time.monotonic()
-            self.extra_gpu_seconds += max(0, pods - REPLICAS) * (now - last)
-            last = now
+def measure(cluster: Cluster) -> str:
+    """One pool through one judge change under step load; the ``judge-switch:`` line."""
+    namespace = name = "switch-bench"
+    cluster.kubectl("create", "namespace", namespace)
+    cluster.kubectl("apply", "-f", "-", input=pool_manifest(
+        name, namespace, replicas=REPLICAS, engine=ENGINE, judgeUpdate=JUDGE_UPDATE,
+        model={"path": "sim/judge", "servedName": "judge"}))
+    cluster.wait_serving(namespace, name, REPLICAS, timeout=180)
+    url = cluster.service_answering(namespace, name)
+
+    def active() -> str:
+        return str(((cluster.pool(namespace, name).get("status") or {}).get("judge") or {}).get("active"))
+
+    def operating() -> bool:
+        return bool((cluster.pool(namespace, name).get("status") or {}).get("operation"))
+    first, changed, promoted_at = active(), 0.0, 0.0
+    load, steps = StepLoad(url, "judge"), []
+    change = json.dumps({"spec": {"model": {"path": "sim/judge-v2"}}})
+    with GpuMeter(cluster, namespace, name) as meter:
+        try:
+            for n in range(STEPS):
+                if n == CHANGE_AT_STEP:
+                    changed = time.monotonic()
+                    patch = ("patch", "genrmpool", name, "-n", namespace, "--type", "merge", "-p", change)
+                    threading.Timer(0.2, cluster.kubectl, patch).start()
+                steps.append(load.step(n))
+                deadline = time.monotonic() + GAP_SECONDS
+                while time.monotonic() < deadline:
+                    if changed and not promoted_at and active() != first:
+                        promoted_at = time.monotonic()
+                    time.sleep(0.2)
+        finally:
+            load.close()
+        wait_for("the switch to end", lambda: not operating(), 180)
+        if not promoted_at and active() != first:
+            promoted_at = time.monotonic()
+    lost = sum(len(s.failures) for s in steps)
+    promotion = f"{promoted_at - changed:.1f}" if promoted_at else "none"
+    return (f"judge-switch: change_to_promotion_s={promotion} extra_gpu_seconds={meter.extra_gpu_seconds:.0f} "
+            f"mixed_steps={len(mixed(steps))} lost={lost} steps={len(steps)} replicas={REPLICAS}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--log-dir", type=Path, help="keep the operator's log here (default: a temporary directory)")
     args = parser.parse_args()
-    os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
-    with LocalCluster(nodes=2, gpus_per_node=8, crds=[REPO / "crds" / "genrm.io_genrmpools.yaml"]) as local, \
-            tempfile.TemporaryDirectory() as work:
-        cluster = Cluster(local)
-        operator = OperatorProcess(cluster.kubeconfig, args.log_dir or Path(work))
-        operator.start()
-        try:
-            namespace = name = "switch-bench"
-            cluster.kubectl("create", "namespace", namespace)
-            cluster.kubectl("apply", "-f", "-", input=pool_manifest(
-                name, namespace, replicas=REPLICAS, engine=ENGINE, judgeUpdate=JUDGE_UPDATE,
-                model={"path": "sim/judge", "servedName": "judge"}))
-            cluster.wait_serving(namespace, name, REPLICAS, timeout=180)
-            url = cluster.service_answering(namespace, name)
-
-            def active() -> str:
-                return str(((cluster.pool(namespace, name).get("status") or {}).get("judge") or {}).get("active"))
-            first = active()
-            load, steps = StepLoad(url, "judge"), []
-            promoted_at: list[float] = []
-            changed = 0.0
-            with GpuMeter(cluster, namespace, name) as meter:
-                try:
-                    for n in range(STEPS):
-                        if n == CHANGE_AT_STEP:
-                            changed = time.monotonic()
-                            threading.Timer(0.2, cluster.kubectl, ("patch", "genrmpool", name, "-n", namespace,
-                                                                   "--type", "merge", "-p", json.dumps(
-                                                                       {"spec": {"model": {"path": "sim/judge-v2"}}}))
-                                            ).start()
-                        steps.append(load.step(n))
-                        deadline = time.monotonic() + GAP_SECONDS
-                        while time.monotonic() < deadline:
-                            if changed and not promoted_at and active() != first:
-                                promoted_at.append(time.monotonic())
-                            time.sleep(0.2)
-                finally:
-                    load.close()
-                wait_for("the switch to end", lambda: not (cluster.pool(namespace, name).get("status") or {}).get(
-                    "operation"), 180)
-                if not promoted_at and active() != first:
-                    promoted_at.append(time.monotonic())
-        finally:
-            operator.stop()
-    lost = sum(len(s.failures) for s in steps)
-    promotion = f"{promoted_at[0] - changed:.1f}" if promoted_at else "none"
-    print(f"judge-switch: change_to_promotion_s={promotion} extra_gpu_seconds={meter.extra_gpu_seconds:.0f} "
-          f"mixed_steps={len(mixed(steps))} lost={lost} steps={len(steps)} replicas={REPLICAS}")
-    return 0 if promoted_at and not lost and not mixed(steps) else 1
+    with operated_cluster(args.log_dir) as (cluster, _):
+        line = measure(cluster)
+    print(line)
+    return 0 if "change_to_promotion_s=none" not in line and " mixed_steps=0 lost=0 " in line else 1
 
 
 if __name__ == "__main__":

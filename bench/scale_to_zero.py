@@ -33,7 +33,7 @@ from genrm_cluster.cluster import LocalCluster
 from genrm_contract.activator import ActivatorState, pool_key
 from genrm_contract.demand import send
 
-from e2e.harness import REPO, Cluster, OperatorProcess, deploy_activator, pool_manifest, wait_for
+from e2e.harness import REPO, Cluster, OperatorProcess, Sampler, deploy_activator, pool_manifest, wait_for
 
 SENDERS = 8
 PHASE_SECONDS = 30.0
@@ -92,38 +92,29 @@ def run_phase(url: str, seconds: float) -> Phase:
     return phase
 
 
-class HeldMeter:
+class HeldMeter(Sampler):
     """The most requests the activators held for one pool at once, read from their state twice a second."""
 
     def __init__(self, cluster: Cluster, activator: tuple[str, str], key: str) -> None:
+        super().__init__(0.5)
         self.cluster, self.key, self.most = cluster, key, 0
         self._namespace, self._service = activator[0].split("/", 1)
         self._headers = {"authorization": f"Bearer {activator[1]}"}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._ips: list[str] | None = None
 
-    def __enter__(self) -> HeldMeter:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def _run(self) -> None:
-        ips = self.cluster.kubectl("get", "pods", "-n", self._namespace, "-l",
-                                   "app.kubernetes.io/component=activator", "-o",
-                                   "jsonpath={.items[*].status.podIP}").split()
-        while not self._stop.is_set():
-            total = 0
-            for ip in ips:
-                try:
-                    answer = httpx.get(f"http://{ip}:8001/v1/state", headers=self._headers, timeout=2)
-                    total += ActivatorState.model_validate_json(answer.content).held.get(self.key, 0)
-                except httpx.HTTPError:
-                    pass
-            self.most = max(self.most, total)
-            self._stop.wait(0.5)
+    def sample(self) -> None:
+        if self._ips is None:
+            self._ips = self.cluster.kubectl("get", "pods", "-n", self._namespace, "-l",
+                                             "app.kubernetes.io/component=activator", "-o",
+                                             "jsonpath={.items[*].status.podIP}").split()
+        total = 0
+        for ip in self._ips:
+            try:
+                answer = httpx.get(f"http://{ip}:8001/v1/state", headers=self._headers, timeout=2)
+                total += ActivatorState.model_validate_json(answer.content).held.get(self.key, 0)
+            except httpx.HTTPError:
+                pass
+        self.most = max(self.most, total)
 
 
 def to_zero(cluster: Cluster, namespace: str, name: str) -> float:

@@ -19,15 +19,10 @@ Run from the repository root: ``python -m bench.spread [--connections 8,25,64]``
 from __future__ import annotations
 
 import argparse
-import os
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-from genrm_cluster.cluster import LocalCluster
-
-from e2e.harness import REPO, Cluster, OperatorProcess, pool_manifest, served_model, wait_for
+from e2e.harness import Cluster, operated_cluster, pool_manifest, served_model, wait_for
 from e2e.spread import KeepAliveClients, ShareMeter, quantile
 
 REPLICAS = 4
@@ -79,19 +74,11 @@ def main() -> int:
     parser.add_argument("--log-dir", type=Path, help="keep the operator's log here (default: a temporary directory)")
     args = parser.parse_args()
     counts = [int(n) for n in args.connections.split(",")]
-    os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
     lines = []
-    with LocalCluster(nodes=2, gpus_per_node=8, crds=[REPO / "crds" / "genrm.io_genrmpools.yaml"]) as local, \
-            tempfile.TemporaryDirectory() as work:
-        cluster = Cluster(local)
-        operator = OperatorProcess(cluster.kubeconfig, args.log_dir or Path(work))
-        operator.start()
-        try:
-            for connections in counts:
-                lines.append(measure(cluster, connections))
-                print(lines[-1], flush=True)
-        finally:
-            operator.stop()
+    with operated_cluster(args.log_dir) as (cluster, _):
+        for connections in counts:
+            lines.append(measure(cluster, connections))
+            print(lines[-1], flush=True)
     print("\n".join(lines))
     return 0
 

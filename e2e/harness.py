@@ -8,14 +8,18 @@ their pod addresses inside the network namespaces the node agent created.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 from genrm_cluster.cluster import LocalCluster
@@ -301,3 +305,47 @@ def pool_manifest(name: str, namespace: str, replicas: int = 1, **spec: Any) -> 
                  "drain": {"propagationSeconds": 2, "quietSeconds": 1, "timeoutSeconds": 60}, **spec},
     }
     return json.dumps(body)
+
+
+class Sampler:
+    """A background thread calling ``sample`` every ``interval`` seconds while in the ``with`` block:
+    what the cluster benchmarks read beside their load (requests held, pods alive)."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def sample(self) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+
+@contextlib.contextmanager
+def operated_cluster(log_dir: Path | None, activator: bool = False) -> Iterator[tuple[Cluster, OperatorProcess]]:
+    """A local cluster (2 nodes x 8 GPUs) with the CRD and the operator running (beside the chart's
+    activator when asked): what every cluster benchmark starts from. The operator's log goes to
+    ``log_dir``, else to a temporary directory."""
+    os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
+    with LocalCluster(nodes=2, gpus_per_node=8, crds=[REPO / "crds" / "genrm.io_genrmpools.yaml"]) as local, \
+            tempfile.TemporaryDirectory() as work:
+        cluster = Cluster(local)
+        operator = OperatorProcess(cluster.kubeconfig, log_dir or Path(work),
+                                   deploy_activator(cluster) if activator else None)
+        operator.start()
+        try:
+            yield cluster, operator
+        finally:
+            operator.stop()

@@ -13,16 +13,10 @@ import asyncio
 from typing import cast
 
 from genrm_contract.revisions import RevisionsDocument
-from genrm_contract.sidecar import DrainState, EngineReport, StateDocument
 from genrm_operator.shell.revisions import RevisionTeller
 from genrm_operator.shell.sidecar import Endpoint, SidecarClient
 
-
-def report(boot_id: str) -> StateDocument:
-    return StateDocument(
-        state=DrainState.SERVING, drain_id=None, inflight=0, admitted_total=0, completed_total=0, refused_total=0,
-        engine=EngineReport(up=True, healthy=True, running_requests=0, queued_requests=0, token_usage=0.0),
-        idle_since_seconds=None, boot_id=boot_id, version=1)
+from .test_peers_push import report
 
 
 class Gateways:

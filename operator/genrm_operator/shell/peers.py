@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from genrm_contract.peers import MAX_VERSION, PeersDocument
@@ -111,9 +111,14 @@ class PeerPusher:
             self._tasks.pop(name, None)
 
     async def close(self) -> None:
-        tasks = list(self._tasks.values())
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_all(self._tasks.values())
+
+
+async def cancel_all(tasks: Iterable[asyncio.Task[None]]) -> None:
+    """Cancel per-gateway push tasks and wait for them to end (a pusher's close)."""
+    pending = list(tasks)
+    for task in pending:
+        task.cancel()
+    for task in pending:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -11,12 +11,12 @@ time per gateway. Each push replaces the last, and the pool's one writer pushes 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Mapping
 
 from genrm_contract.revisions import RevisionsDocument
 from genrm_contract.sidecar import StateDocument
 
+from .peers import cancel_all
 from .sidecar import Endpoint, SidecarClient
 
 
@@ -49,9 +49,4 @@ class RevisionTeller:
             self._tasks.pop(name, None)
 
     async def close(self) -> None:
-        tasks = list(self._tasks.values())
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_all(self._tasks.values())
