@@ -161,7 +161,7 @@ class Proxy:
                                                            f"{route.name} accepts {route.method} only"))
             return
         try:
-            pin = self._revisions.pinned(scope["headers"], self._successor(scope, probe))
+            pin = self._revisions.pinned(scope["headers"], lambda: self._successor(scope, probe))
         except Refusal as refusal:
             await self._refuse(send, route, scope, refusal)
             return

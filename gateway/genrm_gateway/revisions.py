@@ -13,6 +13,7 @@ judge, which must refuse the pin too, so retrying would loop until the client's 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from genrm_contract.revisions import RevisionAnswer, RevisionsDocument
 from genrm_contract.sidecar import JUDGE_REVISION_PATTERN, REVISION_HEADER, RefusalReason
@@ -36,12 +37,13 @@ class Revisions:
         self.told = document
         return document
 
-    def pinned(self, headers: list[tuple[bytes, bytes]], successor: str | None = None) -> bytes | None:
+    def pinned(self, headers: list[tuple[bytes, bytes]],
+               successor: Callable[[], str | None] = lambda: None) -> bytes | None:
         """A request's pin, checked: None without one; a 400 for a malformed or repeated one (it goes
         into this gateway's answers and a peer's request); a 409 when it is neither this replica's
         revision nor its ``successor`` (the revision that took its place in a judge switch, to which
-        it hands the request: `proxy.Proxy._successor`), and any pin on a gateway given no revision:
-        it can vouch for none."""
+        it hands the request: `proxy.Proxy._successor`, asked only for a pin to another revision), and
+        any pin on a gateway given no revision: it can vouch for none."""
         pin: bytes | None = None
         for name, value in headers:
             if name == REVISION:
@@ -49,7 +51,7 @@ class Revisions:
                     raise Refusal(400, RefusalReason.INVALID_HEADER,
                                   f"{REVISION_HEADER} is one judge revision, matching {JUDGE_REVISION_PATTERN}")
                 pin = value
-        if pin is not None and pin.decode() != self.own and (successor is None or pin.decode() != successor):
+        if pin is not None and pin.decode() != self.own and pin.decode() != successor():
             raise Refusal(409, RefusalReason.REVISION_RETIRED,
                           f"this pool answers with judge revision {self.own or '(none)'}; revision {pin.decode()} "
                           "is not served here")
