@@ -788,7 +788,7 @@ class World:
         active = sum(1 for p in self.pods.values() if judge is not None and p.judge == judge.active
                      and not failure_reason(replace(p.view(), deleting=False), self.now,
                                             float(self.spec.engine.startup_timeout_seconds)))
-        switching = any(op is not None and op.type == "JudgeSwitch" for op in (self.status.operation,))
+        switching = self.status.operation is not None and self.status.operation.type == "JudgeSwitch"
         if self.check_bound and after > max(self.spec.replicas + surge, before, active + surge if switching else 0):
             raise Violation(f"{after} live pods > max(spec.replicas={self.spec.replicas} + maxSurge {surge}, "
                             f"before={before})")

@@ -131,7 +131,8 @@ def merge_back(s: Step, sub: Step) -> None:
 def advance_judge_switch(s: Step, op: Operation) -> Operation | None:
     """Retire unwanted revisions; bring the preview up and promote it, or fence and retire the previous one."""
     wanted = (s.active_judge, op.judge_to, op.judge_from)
-    op = retire(s, op, [r for r in s.replicas if judge_of(s, r) not in wanted], "")
+    op = retire(s, op, [r for r in s.replicas if judge_of(s, r) not in wanted], EventReason.REPLICAS_RETIRING,
+                "a judge revision no longer wanted")
     moved, phases, failure = advance_victims(s, op.victims, hold=False)
     op = op.evolve(victims=[v for v, p in zip(moved, phases, strict=True) if p is not None])
     release_held_fences(s, op)
@@ -149,9 +150,7 @@ def advance_judge_switch(s: Step, op: Operation) -> Operation | None:
     late = op.promoted_at is None or s.now >= op.promoted_at.timestamp() + delay + FENCE_GRACE_SECONDS
     leaving = [r for r in previous if r.sidecar is None or r.sidecar.state not in ADMITTING_STATES or late]
     if leaving and over:
-        emit(s, EventReason.JUDGE_RETIRING, f"Judge revision {op.judge_from} retires: "
-             + ", ".join(r.pod.name for r in leaving))
-        op = retire(s, op, leaving, op.judge_from)
+        op = retire(s, op, leaving, EventReason.JUDGE_RETIRING, f"Judge revision {op.judge_from} retires")
     left = [p for p in phases if p is not None]
     if not op.victims and not [r for r in s.replicas if judge_of(s, r) != s.active_judge
                                and r.role is not Role.TERMINATING]:
@@ -168,15 +167,14 @@ def advance_judge_switch(s: Step, op: Operation) -> Operation | None:
                      "unless the judge fields are reverted")
 
 
-def retire(s: Step, op: Operation, replicas: list[Replica], judge: str) -> Operation:
-    """Make ``replicas`` victims (outside the ones already), drained first when they ever served."""
+def retire(s: Step, op: Operation, replicas: list[Replica], reason: EventReason, why: str) -> Operation:
+    """Make ``replicas`` victims (outside the ones already), drained first when they ever served, with
+    one event naming them (``reason``: ``why``: the pods)."""
     victims = victim_names(op)
     leaving = [r for r in replicas if r.role is not Role.TERMINATING and r.pod.name not in victims]
     if not leaving:
         return op
-    if not judge:
-        emit(s, EventReason.REPLICAS_RETIRING, ", ".join(r.pod.name for r in leaving)
-             + " (a judge revision no longer wanted)")
+    emit(s, reason, f"{why}: " + ", ".join(r.pod.name for r in leaving))
     return op.evolve(victims=[*op.victims, *(Victim(name=r.pod.name, uid=r.pod.uid, needs_drain=r.pod.ever_published)
                                              for r in leaving)])
 
